@@ -1,0 +1,132 @@
+"""Strict reading of ``fairseq-generate`` output and sacreBLEU per source-length bucket.
+
+Nothing is dropped silently: every source sentence must have exactly one hypothesis,
+otherwise :class:`GenerateOutputError` says which sentence ids are missing or repeated.
+"""
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import sacrebleu
+
+Bucket = Tuple[int, Optional[int]]  # [lo, hi) with hi=None meaning no upper bound
+
+
+class GenerateOutputError(ValueError):
+    pass
+
+
+@dataclass
+class GeneratedSentence:
+    source: str
+    reference: Optional[str]
+    hypothesis: str
+    score: float
+
+
+_LINE = re.compile(r"^([STHD])-(\d+)\t(.*)$")
+
+
+def read_generate_output(path: str, expected: Optional[int] = None, detokenized: bool = True) -> List[GeneratedSentence]:
+    """Parse ``fairseq-generate`` output into a list ordered by sentence id.
+
+    Uses the ``D-`` (detokenized) hypothesis lines when ``detokenized`` else ``H-``.
+    ``expected`` is the number of sentences in the test set; ids 0..expected-1 must each
+    appear exactly once.
+    """
+    sources: Dict[int, str] = {}
+    refs: Dict[int, str] = {}
+    hyps: Dict[int, List[Tuple[float, str]]] = {}
+    hyp_tag = "D" if detokenized else "H"
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            m = _LINE.match(line.rstrip("\n"))
+            if not m:
+                continue
+            tag, idx, rest = m.group(1), int(m.group(2)), m.group(3)
+            if tag == "S":
+                if idx in sources:
+                    raise GenerateOutputError(f"{path}: source sentence {idx} appears twice")
+                sources[idx] = rest
+            elif tag == "T":
+                refs[idx] = rest
+            elif tag == hyp_tag:
+                score, _, text = rest.partition("\t")
+                hyps.setdefault(idx, []).append((float(score), text))
+    if expected is None:
+        expected = max(sources) + 1 if sources else 0
+    want = set(range(expected))
+    problems = []
+    missing_src = sorted(want - set(sources))
+    if missing_src:
+        problems.append(f"no S- line for {len(missing_src)} sentence(s), e.g. ids {missing_src[:10]}")
+    extra = sorted(set(sources) - want)
+    if extra:
+        problems.append(f"unexpected sentence ids {extra[:10]} (expected 0..{expected - 1})")
+    missing_hyp = sorted(want - set(hyps))
+    if missing_hyp:
+        problems.append(f"no {hyp_tag}- hypothesis for {len(missing_hyp)} sentence(s), e.g. ids {missing_hyp[:10]}")
+    multi = sorted(i for i, h in hyps.items() if len(h) > 1)
+    if multi:
+        problems.append(
+            f"more than one {hyp_tag}- hypothesis for {len(multi)} sentence(s), e.g. ids {multi[:10]} "
+            "(was fairseq-generate run with --nbest > 1?)"
+        )
+    if problems:
+        raise GenerateOutputError(f"{path}: " + "; ".join(problems))
+    return [
+        GeneratedSentence(sources[i], refs.get(i), hyps[i][0][1], hyps[i][0][0]) for i in range(expected)
+    ]
+
+
+def bucket_label(bucket: Bucket) -> str:
+    lo, hi = bucket
+    return f"[{lo},{hi})" if hi is not None else f"[{lo},inf)"
+
+
+def assign_bucket(length: int, buckets: Sequence[Bucket]) -> Optional[int]:
+    for b, (lo, hi) in enumerate(buckets):
+        if length >= lo and (hi is None or length < hi):
+            return b
+    return None
+
+
+def bucketed_bleu(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    lengths: Sequence[int],
+    buckets: Sequence[Bucket],
+    **bleu_kwargs,
+) -> Dict[str, dict]:
+    """sacreBLEU of each bucket and of all sentences.
+
+    Returns ``{label: {"bleu": float, "n": int}}`` plus an ``"all"`` entry and a
+    ``"signature"`` string.  A sentence whose length falls in no bucket is an error.
+    """
+    if not (len(hypotheses) == len(references) == len(lengths)):
+        raise GenerateOutputError(
+            f"{len(hypotheses)} hypotheses, {len(references)} references and {len(lengths)} lengths: "
+            "the inputs must be line-aligned"
+        )
+    members: List[List[int]] = [[] for _ in buckets]
+    for i, n in enumerate(lengths):
+        b = assign_bucket(n, buckets)
+        if b is None:
+            raise GenerateOutputError(
+                f"sentence {i} has length {n}, which is in none of the buckets "
+                f"{[bucket_label(b) for b in buckets]}"
+            )
+        members[b].append(i)
+    result: Dict[str, dict] = {}
+    metric = sacrebleu.metrics.BLEU(**bleu_kwargs)
+    for bucket, idx in zip(buckets, members):
+        if idx:
+            score = metric.corpus_score([hypotheses[i] for i in idx], [[references[i] for i in idx]]).score
+        else:
+            score = math.nan
+        result[bucket_label(bucket)] = {"bleu": score, "n": len(idx)}
+    result["all"] = {"bleu": metric.corpus_score(list(hypotheses), [list(references)]).score, "n": len(hypotheses)}
+    result["signature"] = str(metric.get_signature())
+    return result

@@ -1,0 +1,142 @@
+"""``transformer_pe``: fairseq's encoder-decoder Transformer with pluggable position encodings.
+
+It extends fairseq's ``TransformerModel`` and overrides its hooks only: ``build_encoder`` /
+``build_decoder`` return subclasses of fairseq's encoder and decoder whose ``embed_positions``
+is a :class:`~fairseq_pe.positional.PositionInjector` and whose ``build_*_layer`` return
+the position-aware layers of :mod:`fairseq_pe.models.layers`.  Everything else (embeddings,
+layers, incremental decoding, checkpoints, the CLI) is fairseq's.
+"""
+
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase, TransformerModel
+from fairseq.models.transformer import transformer_legacy as stock
+
+from fairseq_pe.positional import PositionInjector, build_position_encoding
+
+from .layers import PositionAwareDecoderLayer, PositionAwareEncoderLayer, wrap_layer
+from .options import add_position_encoding_args, position_encoding_defaults, reject_stock_position_flags
+
+
+def build_position_injector(cfg, num_blocks: int, embed_dim: int, padding_idx: int, side: str):
+    """The ``embed_positions`` module of the encoder (``side="source"``) or decoder (``"target"``)."""
+    max_positions = cfg.max_source_positions if side == "source" else cfg.max_target_positions
+    absolute = build_position_encoding(
+        "absolute", cfg.pe_absolute,
+        embed_dim=embed_dim,
+        num_blocks=num_blocks,
+        all_blocks=cfg.pe_all_blocks,
+        max_positions=max_positions,
+        max_positions_flag=f"--max-{side}-positions",
+    )
+    return PositionInjector(absolute, padding_idx)
+
+
+class TransformerPEEncoder(TransformerEncoderBase):
+    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
+        super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+        self.embed_positions = build_position_injector(
+            cfg, len(self.layers), embed_tokens.embedding_dim, self.padding_idx, "source"
+        )
+        for block, layer in enumerate(self.layers, start=1):
+            layer.attach_positions(self.embed_positions, block)
+
+    def build_encoder_layer(self, cfg):
+        return wrap_layer(PositionAwareEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+
+    def max_positions(self):
+        # no hidden cap: only a table-based encoding limits the length
+        return self.embed_positions.max_positions
+
+
+class TransformerPEDecoder(TransformerDecoderBase):
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
+                         output_projection=output_projection)
+        self.embed_positions = build_position_injector(
+            cfg, len(self.layers), cfg.decoder.embed_dim, self.padding_idx, "target"
+        )
+        for block, layer in enumerate(self.layers, start=1):
+            layer.attach_positions(self.embed_positions, block)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return wrap_layer(PositionAwareDecoderLayer(cfg, no_encoder_attn), cfg)
+
+    def max_positions(self):
+        return self.embed_positions.max_positions
+
+
+@register_model("transformer_pe")
+class TransformerPEModel(TransformerModel):
+    """fairseq's Transformer with ``--pe-*`` position encodings (see ``fairseq_pe/README``)."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_position_encoding_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        base_architecture(args)
+        reject_stock_position_flags(args)
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        return TransformerPEEncoder(cfg, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        return TransformerPEDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+
+
+# architectures: fairseq's own, plus the position-encoding defaults
+
+
+@register_model_architecture("transformer_pe", "transformer_pe")
+def base_architecture(args):
+    position_encoding_defaults(args)
+    stock.base_architecture(args)
+
+
+@register_model_architecture("transformer_pe", "transformer_pe_tiny")
+def transformer_pe_tiny(args):
+    """For tests and demos: 2+2 layers, 64 dims, 4 heads, FFN 256."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 64)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 256)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
+    args.encoder_layers = getattr(args, "encoder_layers", 2)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 64)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 256)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
+    args.decoder_layers = getattr(args, "decoder_layers", 2)
+    base_architecture(args)
+
+
+@register_model_architecture("transformer_pe", "transformer_pe_iwslt_de_en")
+def transformer_pe_iwslt_de_en(args):
+    position_encoding_defaults(args)
+    stock.transformer_iwslt_de_en(args)
+
+
+@register_model_architecture("transformer_pe", "transformer_pe_wmt_en_de")
+def transformer_pe_wmt_en_de(args):
+    position_encoding_defaults(args)
+    stock.transformer_wmt_en_de(args)
+
+
+@register_model_architecture("transformer_pe", "transformer_pe_vaswani_wmt_en_de_big")
+def transformer_pe_vaswani_wmt_en_de_big(args):
+    position_encoding_defaults(args)
+    stock.transformer_vaswani_wmt_en_de_big(args)
+
+
+@register_model_architecture("transformer_pe", "transformer_pe_vaswani_wmt_en_fr_big")
+def transformer_pe_vaswani_wmt_en_fr_big(args):
+    position_encoding_defaults(args)
+    stock.transformer_vaswani_wmt_en_fr_big(args)
+
+
+@register_model_architecture("transformer_pe", "transformer_pe_wmt_en_de_big")
+def transformer_pe_wmt_en_de_big(args):
+    position_encoding_defaults(args)
+    stock.transformer_wmt_en_de_big(args)

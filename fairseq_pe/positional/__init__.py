@@ -1,0 +1,13 @@
+"""Position encodings: one interface, one registry (see :mod:`.base`)."""
+
+from .base import (  # noqa: F401
+    AbsolutePositionEncoding,
+    PositionOutOfRangeError,
+    build_position_encoding,
+    position_encoding_choices,
+    register_position_encoding,
+)
+from .injector import PositionInjector, token_positions  # noqa: F401
+
+# importing the families registers them
+from . import learned, sinusoidal  # noqa: F401,E402

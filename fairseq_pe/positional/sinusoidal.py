@@ -1,0 +1,78 @@
+"""Sinusoidal absolute position encodings, fixed and with learnable frequencies.
+
+Fixed (Vaswani et al. 2017; Wang et al. 2021, Table 1):
+
+    P(x) = [sin(ω_1 x), ..., sin(ω_{D/2} x), cos(ω_1 x), ..., cos(ω_{D/2} x)],
+    ω_i = 10000^(-2i/D),  i = 0 .. D/2-1.
+
+The sines come first and the cosines second (fairseq's layout) rather than interleaved
+as printed in the papers; this permutes the dimensions only, so every dot product
+<P(x), P(y)> = Σ_i cos(ω_i (x - y)) is unchanged.  An odd D gets a zero last dimension.
+
+Learnable (Wang et al. 2021, "learnable sinusoidal APE"): the same form with the D/2
+frequencies ω_i trainable, initialised to the fixed values.
+
+Per block (``--pe-all-blocks``; FLOATER paper Eq. 7, after Dehghani et al. 2018):
+block n (1-based) receives p_i^(n) = P(i) + P(n).  The learnable variant shares its
+frequencies across blocks, so every block uses the same ω and differs by P(n).
+Both work at any length: there is no table size and no maximum position.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+
+from .base import AbsolutePositionEncoding, register_position_encoding
+
+
+def transformer_frequencies(embed_dim: int, base: float = 10000.0) -> torch.Tensor:
+    """ω_i = base^(-2i/D) for i = 0 .. D/2 - 1."""
+    half = embed_dim // 2
+    return torch.exp(torch.arange(half, dtype=torch.float64) * (-2.0 * math.log(base) / embed_dim)).float()
+
+
+def sinusoid(positions: torch.Tensor, frequencies: torch.Tensor, embed_dim: int) -> torch.Tensor:
+    """[sin(ω x) | cos(ω x)] for float ``positions`` of any shape -> shape + (embed_dim,)."""
+    angles = positions.float().unsqueeze(-1) * frequencies.float()
+    out = torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
+    if embed_dim % 2 == 1:
+        out = torch.cat([out, out.new_zeros(out.shape[:-1] + (1,))], dim=-1)
+    return out
+
+
+class _SinusoidalBase(AbsolutePositionEncoding):
+    def frequencies(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, length: int, block: int = 1) -> torch.Tensor:
+        freqs = self.frequencies()
+        positions = torch.arange(length, device=freqs.device)
+        table = sinusoid(positions, freqs, self.embed_dim)
+        if self.all_blocks:
+            table = table + sinusoid(torch.tensor([float(block)], device=freqs.device), freqs, self.embed_dim)
+        return table
+
+
+@register_position_encoding("absolute", "sinusoidal")
+class FixedSinusoidalPositionEncoding(_SinusoidalBase):
+    """Fixed sinusoids, ω_i = 10000^(-2i/D) (module docstring); no parameters."""
+
+    def __init__(self, embed_dim, **kwargs):
+        super().__init__(embed_dim, **kwargs)
+        self.register_buffer("omega", transformer_frequencies(embed_dim), persistent=False)
+
+    def frequencies(self):
+        return self.omega
+
+
+@register_position_encoding("absolute", "learnable-sinusoidal")
+class LearnableSinusoidalPositionEncoding(_SinusoidalBase):
+    """Sinusoids with D/2 trainable frequencies initialised to 10000^(-2i/D) (Wang et al.)."""
+
+    def __init__(self, embed_dim, **kwargs):
+        super().__init__(embed_dim, **kwargs)
+        self.omega = nn.Parameter(transformer_frequencies(embed_dim))
+
+    def frequencies(self):
+        return self.omega

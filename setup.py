@@ -1,0 +1,29 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="fairseq-pe",
+    version="0.1.0",
+    description="Position encodings for fairseq: absolute, relative, FLOATER; length-extrapolation tooling",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["fairseq_pe", "fairseq_pe.*"]),
+    python_requires=">=3.8",
+    install_requires=[
+        # official fairseq 0.12.2 does not import on Python >= 3.11; fairseq-fixed is the
+        # same `fairseq` package (upstream main of early 2024) with the 3.11 fix
+        "fairseq==0.12.2; python_version < '3.11'",
+        "fairseq-fixed==0.12.3.1; python_version >= '3.11'",
+        "torch>=1.13",
+        "torchdiffeq>=0.2.3",
+        "sacrebleu>=2.0",
+        "sentencepiece>=0.1.99",
+        "matplotlib>=3.5",
+        "numpy",
+    ],
+    extras_require={"test": ["pytest>=7"]},
+    entry_points={
+        "console_scripts": [
+            "fairseq-pe-quickstart = fairseq_pe.quickstart:main",
+        ],
+    },
+)

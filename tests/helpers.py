@@ -1,0 +1,55 @@
+"""Shared helpers of the test-suite."""
+
+import argparse
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import torch
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_CONFIG_REGISTRY
+
+import fairseq_pe  # noqa: F401  (registers the model)
+from fairseq_pe.models.transformer_pe import TransformerPEModel
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLUGIN = os.path.join(REPO, "fairseq_pe")
+SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
+
+
+def dictionary(vocab: int = 20) -> Dictionary:
+    d = Dictionary()
+    for i in range(vocab):
+        d.add_symbol(f"w{i}")
+    return d
+
+
+def build_model(*flags: str, arch: str = "transformer_pe_tiny", vocab: int = 20, seed: int = 0):
+    """A ``transformer_pe`` model built through its real ``add_args``/architecture path, in eval mode."""
+    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)  # as fairseq does
+    TransformerPEModel.add_args(parser)
+    args = parser.parse_args(list(flags))
+    ARCH_CONFIG_REGISTRY[arch](args)
+    d = dictionary(vocab)
+    torch.manual_seed(seed)
+    model = TransformerPEModel.build_model(args, SimpleNamespace(source_dictionary=d, target_dictionary=d))
+    return model.eval(), d
+
+
+def random_tokens(d: Dictionary, batch: int, length: int, seed: int = 0, left_pad=()):
+    """Random non-special tokens; ``left_pad[i]`` pads row i on the left (as fairseq's source)."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(d.nspecial, len(d), (batch, length), generator=g)
+    for row, n in enumerate(left_pad):
+        tokens[row, :n] = d.pad()
+    return tokens
+
+
+def cli(*cmd: str, cwd=None, check=True) -> subprocess.CompletedProcess:
+    """Run a fairseq CLI; on failure the assertion shows its output."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc
