@@ -17,6 +17,7 @@ setup(
         "torchdiffeq>=0.2.3",
         "sacrebleu>=2.0",
         "sentencepiece>=0.1.99",
+        "rotary-embedding-torch>=0.8",
         "matplotlib>=3.5",
         "numpy",
     ],

@@ -29,9 +29,15 @@ PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
 #: the encodings the quickstart compares by default: name -> extra fairseq-train flags
 DEFAULT_SYSTEMS = {
     "none": ["--pe-absolute", "none"],
-    "learned": ["--pe-absolute", "learned"],
-    "sinusoidal": ["--pe-absolute", "sinusoidal"],
-    "learnable-sinusoidal": ["--pe-absolute", "learnable-sinusoidal"],
+    "ape-learned": ["--pe-absolute", "learned"],
+    "ape-sinusoidal": ["--pe-absolute", "sinusoidal"],
+    "ape-learnable-sin": ["--pe-absolute", "learnable-sinusoidal"],
+    "rpe-learned": ["--pe-absolute", "none", "--pe-relative", "learned"],
+    "rpe-sinusoidal": ["--pe-absolute", "none", "--pe-relative", "sinusoidal"],
+    "rpe-learnable-sin": ["--pe-absolute", "none", "--pe-relative", "learnable-sinusoidal"],
+    "rope": ["--pe-absolute", "none", "--pe-relative", "rope"],
+    "alibi": ["--pe-absolute", "none", "--pe-relative", "alibi"],
+    "t5": ["--pe-absolute", "none", "--pe-relative", "t5"],
 }
 
 _print_lock = threading.Lock()
@@ -273,8 +279,8 @@ def get_parser():
                    help="encodings to compare: names of defaults or NAME=FLAGS")
     p.add_argument("--arch", default="transformer_pe_tiny")
     p.add_argument("--train-size", type=int, default=20000, help="synthetic training pairs")
-    p.add_argument("--test-per-bucket", type=int, default=200, help="synthetic test sentences per bucket")
-    p.add_argument("--max-update", type=int, default=1500)
+    p.add_argument("--test-per-bucket", type=int, default=150, help="synthetic test sentences per bucket")
+    p.add_argument("--max-update", type=int, default=1000)
     p.add_argument("--max-tokens", type=int, default=2048)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=200)

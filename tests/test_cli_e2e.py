@@ -1,6 +1,7 @@
 """End to end through the real CLIs: fairseq-preprocess -> fairseq-train -> fairseq-generate.
 
-For every absolute encoding, with and without --pe-all-blocks:
+For every absolute encoding (with and without --pe-all-blocks), every relative encoding, and
+the six APE+RPE pairs of Wang et al. Table 2:
 * every test sentence gets exactly one hypothesis (27 sentences, fairseq's default
   --required-batch-size-multiple 8, batches of 5: the stock last-batch drop would lose some);
 * the checkpoint stores the --pe-* options, and fairseq-validate on the reloaded
@@ -22,15 +23,21 @@ from fairseq_pe.synthetic import write_corpus
 
 from helpers import PLUGIN, cli
 
-CONFIGS = [
-    ("none", False),
-    ("learned", False),
-    ("sinusoidal", False),
-    ("learnable-sinusoidal", False),
-    ("learned", True),
-    ("sinusoidal", True),
-    ("learnable-sinusoidal", True),
-]
+ABSOLUTE = ["none", "learned", "sinusoidal", "learnable-sinusoidal"]
+RELATIVE = ["learned", "sinusoidal", "learnable-sinusoidal", "rope", "alibi", "t5"]
+# (absolute, --pe-all-blocks, relative)
+CONFIGS = (
+    [(a, False, "none") for a in ABSOLUTE]
+    + [(a, True, "none") for a in ABSOLUTE[1:]]
+    + [("none", False, r) for r in RELATIVE]
+    # the six APE+RPE pairs of Wang et al. Table 2
+    + [(a, False, r) for a in ("learned", "learnable-sinusoidal") for r in RELATIVE[:3]]
+)
+
+
+def config_id(config):
+    a, all_blocks, r = config
+    return f"ape-{a}{'-all' if all_blocks else ''}" + (f"+rpe-{r}" if r != "none" else "")
 N_TEST = 27
 TRAIN_FLAGS = ["--arch", "transformer_pe_tiny", "--optimizer", "adam", "--lr", "0.005",
                "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "20", "--max-tokens", "1000",
@@ -67,10 +74,10 @@ def positional_scores(generate_stdout: str):
     return scores
 
 
-@pytest.mark.parametrize("name,all_blocks", CONFIGS, ids=[f"{n}{'-all' if a else ''}" for n, a in CONFIGS])
-def test_train_generate_rescore(tmp_path, data_bin, name, all_blocks):
+@pytest.mark.parametrize("name,all_blocks,relative", CONFIGS, ids=[config_id(c) for c in CONFIGS])
+def test_train_generate_rescore(tmp_path, data_bin, name, all_blocks, relative):
     save = str(tmp_path / "ckpt")
-    pe = ["--pe-absolute", name] + (["--pe-all-blocks"] if all_blocks else [])
+    pe = ["--pe-absolute", name, "--pe-relative", relative] + (["--pe-all-blocks"] if all_blocks else [])
     train = cli("fairseq-train", data_bin, "--user-dir", PLUGIN, *TRAIN_FLAGS, *pe, "--save-dir", save)
     ckpt = os.path.join(save, "checkpoint_last.pt")
 
@@ -78,6 +85,7 @@ def test_train_generate_rescore(tmp_path, data_bin, name, all_blocks):
     state = checkpoint_utils.load_checkpoint_to_cpu(ckpt)
     assert state["cfg"]["model"].pe_absolute == name
     assert state["cfg"]["model"].pe_all_blocks == all_blocks
+    assert state["cfg"]["model"].pe_relative == relative
     # ... and the reloaded model, built without any --pe-* flag, scores the validation set identically
     val = cli("fairseq-validate", data_bin, "--user-dir", PLUGIN, "--task", "translation", "--path", ckpt, "--cpu",
               "--max-tokens", "700", "--num-workers", "0")

@@ -33,9 +33,9 @@ def check_results(workdir, systems, buckets, n_per_bucket):
 def test_synthetic(tmp_path):
     work = str(tmp_path / "qs")
     out = cli("fairseq-pe-quickstart", "--workdir", work, "--train-size", "400", "--test-per-bucket", "6",
-              "--buckets", "1,9,17", "--systems", "learned", "sin-all=--pe-absolute sinusoidal --pe-all-blocks",
+              "--buckets", "1,9,17", "--systems", "ape-learned", "sin-all=--pe-absolute sinusoidal --pe-all-blocks",
               *SMALL)
-    check_results(work, ["learned", "sin-all"], ["[1,9)", "[9,17)"], [6, 6])
+    check_results(work, ["ape-learned", "sin-all"], ["[1,9)", "[9,17)"], [6, 6])
     assert "update 15/15" in out.stdout  # progress was shown
     assert "[9,17) (n=6)" in out.stdout
 
@@ -53,11 +53,11 @@ def test_real_corpus_directory(tmp_path):
             (corpus / f"{split}.{lang}").write_text("\n".join(lines[lang][a:b]) + "\n", encoding="utf-8")
     work = str(tmp_path / "qs")
     cli("fairseq-pe-quickstart", "--workdir", work, "--data", str(corpus), "--source-lang", "en",
-        "--target-lang", "de", "--spm-vocab-size", "300", "--buckets", "1,15,1000", "--systems", "sinusoidal",
+        "--target-lang", "de", "--spm-vocab-size", "300", "--buckets", "1,15,1000", "--systems", "alibi",
         *SMALL)
     lengths = [len(s.split()) for s in lines["en"][640:670]]
     short = sum(1 for n in lengths if n < 15)
-    check_results(work, ["sinusoidal"], ["[1,15)", "[15,1000)"], [short, 30 - short])
+    check_results(work, ["alibi"], ["[1,15)", "[15,1000)"], [short, 30 - short])
     assert os.path.exists(os.path.join(work, "spm", "spm.model"))
 
 

@@ -2,8 +2,9 @@
 
 They subclass fairseq's layers and override two hooks only: ``forward`` adds the block's
 absolute vectors to the block input (``--pe-all-blocks``) before running fairseq's layer
-unchanged, and ``build_self_attention`` / ``build_encoder_attention`` switch off fairseq's
-fused attention fast path (``F.multi_head_attention_forward``), which bypasses the hooks of
+unchanged, and ``build_self_attention`` / ``build_encoder_attention`` build
+:class:`~fairseq_pe.models.attention.RelativeSelfAttention` when ``--pe-relative`` is set,
+and otherwise fairseq's attention with its fused fast path switched off (``F.multi_head_attention_forward``), which bypasses the hooks of
 attention subclasses and differs numerically from the step-by-step path used in
 incremental decoding.
 """
@@ -11,6 +12,8 @@ incremental decoding.
 from fairseq.distributed import fsdp_wrap
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+
+from .attention import RelativeSelfAttention
 
 
 def python_attention_path(attention):
@@ -32,25 +35,42 @@ class BlockPositionMixin:
 
     position_injector = None
     block = 1
+    attention_heads = None  # "encoder" or "decoder": where the layer's head count is configured
 
     def attach_positions(self, injector, block: int):
         # a plain reference: the injector is a submodule of the encoder/decoder already
         object.__setattr__(self, "position_injector", injector)
         self.block = block
+        if isinstance(self.self_attn, RelativeSelfAttention):
+            self.self_attn.attach_relative(injector.relative, block)
 
     def forward(self, x, *args, **kwargs):
         if self.position_injector is not None:
             x = self.position_injector.add_block_vectors(x, self.block)
         return super().forward(x, *args, **kwargs)
 
-    def build_self_attention(self, *args, **kwargs):
-        return python_attention_path(super().build_self_attention(*args, **kwargs))
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        if getattr(cfg, "pe_relative", "none") != "none":
+            if add_bias_kv or add_zero_attn:
+                raise ValueError("--pe-relative does not support add_bias_kv / add_zero_attn")
+            return RelativeSelfAttention(
+                embed_dim,
+                getattr(cfg, self.attention_heads).attention_heads,
+                dropout=cfg.attention_dropout,
+                self_attention=True,
+                q_noise=self.quant_noise,
+                qn_block_size=self.quant_noise_block_size,
+            )
+        extra = {"add_bias_kv": add_bias_kv, "add_zero_attn": add_zero_attn} if add_bias_kv or add_zero_attn else {}
+        return python_attention_path(super().build_self_attention(embed_dim, cfg, **extra))
 
 
 class PositionAwareEncoderLayer(BlockPositionMixin, TransformerEncoderLayerBase):
-    pass
+    attention_heads = "encoder"
 
 
 class PositionAwareDecoderLayer(BlockPositionMixin, TransformerDecoderLayerBase):
+    attention_heads = "decoder"
+
     def build_encoder_attention(self, *args, **kwargs):
         return python_attention_path(super().build_encoder_attention(*args, **kwargs))

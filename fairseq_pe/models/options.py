@@ -20,14 +20,55 @@ def add_position_encoding_args(parser):
     )
 
 
+    group.add_argument(
+        "--pe-relative", choices=position_encoding_choices("relative"),
+        help="relative position encoding in encoder and decoder self-attention (not in "
+             "cross-attention): none; learned (Shaw et al.); sinusoidal (NEZHA); "
+             "learnable-sinusoidal (Wang et al.); rope; alibi; t5. Default: none",
+    )
+    group.add_argument(
+        "--pe-relative-max-distance", type=int, metavar="K",
+        help="learned/sinusoidal/learnable-sinusoidal RPE: clip relative distances to [-K, K] (default 64)",
+    )
+    group.add_argument(
+        "--pe-relative-untie-layers", action="store_true",
+        help="learned/learnable-sinusoidal RPE and t5: a separate set per layer instead of one shared by all layers",
+    )
+    group.add_argument(
+        "--pe-relative-untie-heads", action="store_true",
+        help="learned/learnable-sinusoidal RPE: a separate set per attention head instead of one shared by all heads",
+    )
+    group.add_argument("--pe-t5-num-buckets", type=int, help="t5: number of distance buckets (default 32)")
+    group.add_argument("--pe-t5-max-distance", type=int,
+                       help="t5: distance where the last (logarithmic) bucket starts (default 128)")
+
+
+# options that belong to one family of relative encodings: (option, families, default)
+RELATIVE_FAMILY_OPTIONS = [
+    ("pe_relative_max_distance", ("learned", "sinusoidal", "learnable-sinusoidal"), 64),
+    ("pe_t5_num_buckets", ("t5",), 32),
+    ("pe_t5_max_distance", ("t5",), 128),
+]
+
+
 def position_encoding_defaults(args):
     """Fill in the defaults of the ``--pe-*`` options (called from architecture functions)."""
     args.pe_absolute = getattr(args, "pe_absolute", None) or "sinusoidal"
     args.pe_all_blocks = getattr(args, "pe_all_blocks", False)
+    args.pe_relative = getattr(args, "pe_relative", None) or "none"
+    args.pe_relative_untie_layers = getattr(args, "pe_relative_untie_layers", False)
+    args.pe_relative_untie_heads = getattr(args, "pe_relative_untie_heads", False)
+    for name, families, default in RELATIVE_FAMILY_OPTIONS:
+        # a family's options get their default only when it is chosen, so that an option
+        # given for another family is refused instead of silently ignored
+        if getattr(args, name, None) is None and args.pe_relative in families:
+            setattr(args, name, default)
+        elif not hasattr(args, name):
+            setattr(args, name, None)
 
 
-def reject_stock_position_flags(args):
-    """fairseq's own position flags would silently fight ``--pe-absolute``: refuse them."""
+def validate_position_args(args):
+    """Refuse contradictory or ineffective position options with a message naming the flag to fix."""
     replacements = {
         "encoder_learned_pos": "--pe-absolute learned",
         "decoder_learned_pos": "--pe-absolute learned",
@@ -42,3 +83,11 @@ def reject_stock_position_flags(args):
             )
     if args.pe_all_blocks and args.pe_absolute == "none":
         raise ValueError("--pe-all-blocks needs an absolute encoding: set --pe-absolute")
+    for name, families, _ in RELATIVE_FAMILY_OPTIONS:
+        if getattr(args, name, None) is not None and args.pe_relative not in families:
+            raise ValueError(f"--{name.replace('_', '-')} applies to --pe-relative {' / '.join(families)} only, "
+                             f"not to --pe-relative {args.pe_relative}; remove it")
+    if args.pe_relative == "none" and (args.pe_relative_untie_layers or args.pe_relative_untie_heads):
+        raise ValueError("--pe-relative-untie-layers/--pe-relative-untie-heads need --pe-relative")
+    if args.pe_relative != "none" and getattr(args, "cross_self_attention", False):
+        raise ValueError("--cross-self-attention is not supported with --pe-relative")

@@ -14,10 +14,10 @@ from fairseq.models.transformer import transformer_legacy as stock
 from fairseq_pe.positional import PositionInjector, build_position_encoding
 
 from .layers import PositionAwareDecoderLayer, PositionAwareEncoderLayer, wrap_layer
-from .options import add_position_encoding_args, position_encoding_defaults, reject_stock_position_flags
+from .options import add_position_encoding_args, position_encoding_defaults, validate_position_args
 
 
-def build_position_injector(cfg, num_blocks: int, embed_dim: int, padding_idx: int, side: str):
+def build_position_injector(cfg, num_blocks: int, embed_dim: int, num_heads: int, padding_idx: int, side: str):
     """The ``embed_positions`` module of the encoder (``side="source"``) or decoder (``"target"``)."""
     max_positions = cfg.max_source_positions if side == "source" else cfg.max_target_positions
     absolute = build_position_encoding(
@@ -28,14 +28,18 @@ def build_position_injector(cfg, num_blocks: int, embed_dim: int, padding_idx: i
         max_positions=max_positions,
         max_positions_flag=f"--max-{side}-positions",
     )
-    return PositionInjector(absolute, padding_idx)
+    relative = build_position_encoding(
+        "relative", cfg.pe_relative,
+        embed_dim=embed_dim, num_heads=num_heads, num_blocks=num_blocks, causal=side == "target", args=cfg,
+    )
+    return PositionInjector(absolute, padding_idx, relative=relative)
 
 
 class TransformerPEEncoder(TransformerEncoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
         self.embed_positions = build_position_injector(
-            cfg, len(self.layers), embed_tokens.embedding_dim, self.padding_idx, "source"
+            cfg, len(self.layers), embed_tokens.embedding_dim, cfg.encoder.attention_heads, self.padding_idx, "source"
         )
         for block, layer in enumerate(self.layers, start=1):
             layer.attach_positions(self.embed_positions, block)
@@ -53,7 +57,7 @@ class TransformerPEDecoder(TransformerDecoderBase):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
         self.embed_positions = build_position_injector(
-            cfg, len(self.layers), cfg.decoder.embed_dim, self.padding_idx, "target"
+            cfg, len(self.layers), cfg.decoder.embed_dim, cfg.decoder.attention_heads, self.padding_idx, "target"
         )
         for block, layer in enumerate(self.layers, start=1):
             layer.attach_positions(self.embed_positions, block)
@@ -77,7 +81,7 @@ class TransformerPEModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         base_architecture(args)
-        reject_stock_position_flags(args)
+        validate_position_args(args)
         return super().build_model(args, task)
 
     @classmethod

@@ -100,3 +100,56 @@ class AbsolutePositionEncoding(nn.Module):
     def forward(self, length: int, block: int = 1) -> torch.Tensor:
         """The (length × embed_dim) vectors of positions 0 .. length-1 for 1-based ``block``."""
         raise NotImplementedError
+
+
+def relative_distances(tgt_len: int, src_len: int, query_offset: int, device=None) -> torch.Tensor:
+    """(tgt_len × src_len) signed distances j - i between key j and query i.
+
+    Query row r sits at index ``query_offset + r`` (while decoding step by step the query is
+    the last of ``src_len`` keys).  Indices, not pad-aware positions, are enough: left
+    padding shifts queries and keys alike, and padded keys are masked.
+    """
+    q = torch.arange(tgt_len, device=device) + query_offset
+    k = torch.arange(src_len, device=device)
+    return k.unsqueeze(0) - q.unsqueeze(1)
+
+
+class RelativePositionEncoding(nn.Module):
+    """Interface of relative encodings, used by :class:`~fairseq_pe.models.attention.RelativeSelfAttention`.
+
+    Self-attention of block ``block`` (1-based) computes, for queries q (B·H × T × d) and
+    keys k (B·H × S × d), with query i at index ``query_offset + i``:
+
+        q, k   = rotate(q, k, query_offset, block)                  (rotary encodings)
+        logits = q·kᵀ + logit_terms(q, T, S, query_offset, block)   (Shaw-style, biases)
+        out    = probs·v + value_terms(probs, T, S, query_offset, block)
+
+    A method returning ``None`` contributes nothing.  ``logit_terms`` returns a tensor that
+    broadcasts to (B, H, T, S).  ``causal`` is True on the decoder side.
+
+    Args:
+        embed_dim: model dimension; ``head_dim`` = embed_dim / num_heads.
+        num_heads, num_blocks: of the encoder or decoder this encoding serves.
+        causal: decoder (True) or encoder (False).
+        args: the model's configuration (for the family's own options).
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, num_blocks: int, causal: bool, args=None):
+        super().__init__()
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"--pe-relative needs the embedding dimension ({embed_dim}) to be a multiple "
+                             f"of the number of attention heads ({num_heads})")
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.num_blocks = num_blocks
+        self.causal = causal
+
+    def rotate(self, q, k, query_offset: int, block: int):
+        return q, k
+
+    def logit_terms(self, q, tgt_len: int, src_len: int, query_offset: int, block: int):
+        return None
+
+    def value_terms(self, probs, tgt_len: int, src_len: int, query_offset: int, block: int):
+        return None

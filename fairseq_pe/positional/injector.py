@@ -5,7 +5,8 @@
 (and the incremental state while decoding step by step).  It computes the positions of the
 batch once, returns the input block's absolute vectors, and keeps the positions so that
 every later block (``--pe-all-blocks``) is served from the same computation by
-:meth:`add_block_vectors`.
+:meth:`add_block_vectors`.  It also owns the side's relative encoding, which the
+self-attention of every block uses (one module, shared by the layers).
 """
 
 from typing import Optional
@@ -14,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import AbsolutePositionEncoding
+from .base import AbsolutePositionEncoding, RelativePositionEncoding
 
 #: what ``max_positions`` reports for encodings that work at any length (fairseq needs an int)
 UNLIMITED_POSITIONS = 1 << 40
@@ -30,9 +31,11 @@ def token_positions(tokens: torch.Tensor, padding_idx: int) -> torch.Tensor:
 
 
 class PositionInjector(nn.Module):
-    def __init__(self, absolute: Optional[AbsolutePositionEncoding], padding_idx: int):
+    def __init__(self, absolute: Optional[AbsolutePositionEncoding], padding_idx: int,
+                 relative: Optional[RelativePositionEncoding] = None):
         super().__init__()
         self.absolute = absolute
+        self.relative = relative  # used by the self-attention of every block
         self.padding_idx = padding_idx
         # follows the model's dtype (.half(), .bfloat16()) so returned zeros/vectors match it
         self.register_buffer("_dtype_probe", torch.zeros(0), persistent=False)

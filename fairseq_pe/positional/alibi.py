@@ -1,0 +1,44 @@
+"""ALiBi (Press et al. 2022, "Train Short, Test Long"): a linear distance penalty per head.
+
+    logits_ij += −m_h · |j − i|
+
+Symmetric (|j − i|) in the encoder; in the decoder the causal mask leaves j ≤ i, which is the
+paper's causal form −m_h·(i − j).  Slopes m_h are the paper's geometric sequence: for n heads
+a power of two, m_h = 2^(−8h/n), h = 1..n; otherwise those of the nearest smaller power of
+two followed by every other slope of the next power of two.  No parameters, no length limit.
+"""
+
+import math
+from typing import List
+
+import torch
+
+from .base import RelativePositionEncoding, register_position_encoding, relative_distances
+
+
+def alibi_slopes(num_heads: int) -> List[float]:
+    def power_of_two(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start ** i for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        return power_of_two(num_heads)
+    closest = 2 ** math.floor(math.log2(num_heads))
+    return power_of_two(closest) + alibi_slopes(2 * closest)[0::2][: num_heads - closest]
+
+
+@register_position_encoding("relative", "alibi")
+class ALiBiPositionBias(RelativePositionEncoding):
+    """−m_h·|j − i| added to the attention logits (module docstring)."""
+
+    def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
+        super().__init__(embed_dim, num_heads, num_blocks, causal, args)
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(num_heads)), persistent=False)
+        self._cache = None
+
+    def logit_terms(self, q, tgt_len, src_len, query_offset, block):
+        key = (tgt_len, src_len, query_offset, q.device, q.dtype)
+        if self._cache is None or self._cache[0] != key:  # the same bias serves every layer
+            dist = relative_distances(tgt_len, src_len, query_offset, q.device).abs()
+            self._cache = (key, (-self.slopes.view(-1, 1, 1) * dist).to(q.dtype))
+        return self._cache[1]  # (H, T, S)

@@ -1,0 +1,151 @@
+"""Relative position vectors in keys and values: Shaw, NEZHA and learnable-frequency RPEs.
+
+Shaw et al. (2018), Eq. 3–4, with r = clip(j − i, −K, K):
+
+    e_ij = (x_i W^Q)·(x_j W^K + a^K_r) / √d      (logit term  q_i·a^K_r)
+    z_i  = Σ_j α_ij (x_j W^V + a^V_r)             (value term  Σ_j α_ij a^V_r)
+
+* ``learned`` (Shaw et al.): a^K_r, a^V_r are free vectors, one per clipped distance, so
+  forward and backward distances have separate entries (asymmetric).
+* ``sinusoidal`` (NEZHA, Wei et al. 2019): a^K_r = a^V_r = P(r), the fixed sinusoid of the
+  signed distance in the per-head dimension d (P as in :mod:`.sinusoidal`).
+* ``learnable-sinusoidal`` (Wang et al. 2021): the same with trainable frequencies.
+
+As in Wang et al., one set of vectors is shared by all heads and layers; the options
+``--pe-relative-untie-layers`` (one set per layer) and ``--pe-relative-untie-heads`` (one per
+head; learned and learnable-sinusoidal only) untie them.  ``--pe-relative-max-distance K``
+(default 64) sets the clipping, which also makes the encodings work at any length.
+
+Efficiency: nothing of size T × S × d is built.  The logit term is q·a^K over the 2K+1
+distinct distances, gathered to (T × S); the value term sums the attention probabilities
+per distance (a scatter-add to T × (2K+1)) before multiplying by a^V.
+"""
+
+from typing import Tuple
+
+import torch
+import torch.nn as nn
+
+from .base import RelativePositionEncoding, register_position_encoding, relative_distances
+from .sinusoidal import sinusoid, transformer_frequencies
+
+DEFAULT_MAX_DISTANCE = 64
+
+
+class _RelativeVectors(RelativePositionEncoding):
+    """Shared machinery; subclasses define :meth:`vectors`."""
+
+    untie_heads_allowed = True
+
+    def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
+        super().__init__(embed_dim, num_heads, num_blocks, causal, args)
+        self.max_distance = getattr(args, "pe_relative_max_distance", None) or DEFAULT_MAX_DISTANCE
+        if self.max_distance < 1:
+            raise ValueError(f"--pe-relative-max-distance must be >= 1, got {self.max_distance}")
+        self.untie_layers = bool(getattr(args, "pe_relative_untie_layers", False))
+        self.untie_heads = bool(getattr(args, "pe_relative_untie_heads", False))
+        if self.untie_heads and not self.untie_heads_allowed:
+            raise ValueError(f"--pe-relative-untie-heads has no effect with --pe-relative {self.registry_name} "
+                             "(its vectors are fixed); remove it")
+        if self.untie_layers and not self.untie_heads_allowed:
+            raise ValueError(f"--pe-relative-untie-layers has no effect with --pe-relative {self.registry_name} "
+                             "(its vectors are fixed); remove it")
+        self.num_tables = num_blocks if self.untie_layers else 1
+        self.num_distances = 2 * self.max_distance + 1
+        self._index_cache = None
+
+    def table(self, block: int) -> int:
+        return block - 1 if self.untie_layers else 0
+
+    def vectors(self, block: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(a^K, a^V) of distances −K..K: each (2K+1, d), or (H, 2K+1, d) when untied per head."""
+        raise NotImplementedError
+
+    def distance_index(self, tgt_len, src_len, query_offset, device) -> torch.Tensor:
+        """(T × S) index into the 2K+1 vectors: clip(j − i, −K, K) + K (cached per shape)."""
+        key = (tgt_len, src_len, query_offset, device)
+        if self._index_cache is None or self._index_cache[0] != key:
+            dist = relative_distances(tgt_len, src_len, query_offset, device)
+            index = dist.clamp(-self.max_distance, self.max_distance) + self.max_distance
+            self._index_cache = (key, index)
+        return self._index_cache[1]
+
+    def logit_terms(self, q, tgt_len, src_len, query_offset, block):
+        a_key, _ = self.vectors(block)
+        bsz = q.size(0) // self.num_heads
+        q = q.view(bsz, self.num_heads, tgt_len, self.head_dim)
+        # q·a^K for every distinct distance: (B, H, T, 2K+1)
+        per_distance = torch.matmul(q, a_key.to(q.dtype).transpose(-1, -2))
+        index = self.distance_index(tgt_len, src_len, query_offset, q.device)
+        return per_distance.gather(-1, index.expand(bsz, self.num_heads, tgt_len, src_len))
+
+    def value_terms(self, probs, tgt_len, src_len, query_offset, block):
+        _, a_value = self.vectors(block)
+        bsz = probs.size(0) // self.num_heads
+        probs = probs.view(bsz, self.num_heads, tgt_len, src_len)
+        index = self.distance_index(tgt_len, src_len, query_offset, probs.device)
+        # Σ_{j: r(i,j)=r} α_ij for each distance r, then times a^V_r
+        per_distance = probs.new_zeros(bsz, self.num_heads, tgt_len, self.num_distances)
+        per_distance.scatter_add_(-1, index.expand(bsz, self.num_heads, tgt_len, src_len), probs)
+        out = torch.matmul(per_distance, a_value.to(probs.dtype))
+        return out.view(bsz * self.num_heads, tgt_len, self.head_dim)
+
+
+@register_position_encoding("relative", "learned")
+class ShawRelativePositionEncoding(_RelativeVectors):
+    """Shaw et al. 2018: learnable a^K_r and a^V_r for r = −K..K (module docstring)."""
+
+    def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
+        super().__init__(embed_dim, num_heads, num_blocks, causal, args)
+        heads = (num_heads,) if self.untie_heads else ()
+        shape = (self.num_tables,) + heads + (self.num_distances, self.head_dim)
+        self.key_vectors = nn.Parameter(torch.empty(shape))
+        self.value_vectors = nn.Parameter(torch.empty(shape))
+        for p in (self.key_vectors, self.value_vectors):
+            nn.init.normal_(p, mean=0.0, std=self.head_dim ** -0.5)
+
+    def vectors(self, block):
+        t = self.table(block)
+        return self.key_vectors[t], self.value_vectors[t]
+
+
+class _SinusoidalRelative(_RelativeVectors):
+    def frequencies(self, block) -> torch.Tensor:
+        raise NotImplementedError
+
+    def vectors(self, block):
+        omega = self.frequencies(block)
+        distances = torch.arange(-self.max_distance, self.max_distance + 1, device=omega.device)
+        if omega.dim() == 2:  # per head: (H, d/2) -> (H, 2K+1, d)
+            table = torch.stack([sinusoid(distances, w, self.head_dim) for w in omega])
+        else:
+            table = sinusoid(distances, omega, self.head_dim)
+        return table, table
+
+
+@register_position_encoding("relative", "sinusoidal")
+class NezhaRelativePositionEncoding(_SinusoidalRelative):
+    """NEZHA (Wei et al. 2019): a^K_r = a^V_r = fixed sinusoid of r, ω_i = 10000^(-2i/d)."""
+
+    untie_heads_allowed = False
+
+    def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
+        super().__init__(embed_dim, num_heads, num_blocks, causal, args)
+        self.register_buffer("omega", transformer_frequencies(self.head_dim), persistent=False)
+
+    def frequencies(self, block):
+        return self.omega
+
+
+@register_position_encoding("relative", "learnable-sinusoidal")
+class LearnableSinusoidalRelativePositionEncoding(_SinusoidalRelative):
+    """Wang et al. 2021: a^K_r = a^V_r = sinusoid of r with trainable frequencies (init 10000^(-2i/d))."""
+
+    def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
+        super().__init__(embed_dim, num_heads, num_blocks, causal, args)
+        heads = (num_heads,) if self.untie_heads else ()
+        init = transformer_frequencies(self.head_dim)
+        self.omega = nn.Parameter(init.expand((self.num_tables,) + heads + init.shape).clone())
+
+    def frequencies(self, block):
+        return self.omega[self.table(block)]

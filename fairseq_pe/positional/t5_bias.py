@@ -1,0 +1,70 @@
+"""T5 relative attention bias (Raffel et al. 2020, §2.1): a learned scalar per distance bucket and head.
+
+    logits_ij += b_h[bucket(j − i)]
+
+Buckets: half of them for each direction in the encoder (bidirectional), all for the past in
+the decoder; distances below half the buckets get their own bucket, larger ones share
+logarithmically wider buckets up to ``--pe-t5-max-distance`` (128), beyond which they all
+fall in the last bucket, so there is no length limit.  One table is shared by all layers
+(as in T5) unless ``--pe-relative-untie-layers``.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+
+from .base import RelativePositionEncoding, register_position_encoding, relative_distances
+
+DEFAULT_NUM_BUCKETS = 32
+DEFAULT_MAX_DISTANCE = 128
+
+
+def t5_bucket(relative_position: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int):
+    """T5's bucket of each signed distance j − i (as in the reference implementation)."""
+    buckets = torch.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (relative_position > 0).long() * num_buckets
+        n = relative_position.abs()
+    else:
+        n = (-relative_position).clamp(min=0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    large = max_exact + (
+        torch.log(n.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).long()
+    large = large.clamp(max=num_buckets - 1)
+    return buckets + torch.where(is_small, n, large)
+
+
+@register_position_encoding("relative", "t5")
+class T5PositionBias(RelativePositionEncoding):
+    """Learned bucketed scalar bias per head (module docstring)."""
+
+    def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
+        super().__init__(embed_dim, num_heads, num_blocks, causal, args)
+        self.num_buckets = getattr(args, "pe_t5_num_buckets", None) or DEFAULT_NUM_BUCKETS
+        self.max_distance = getattr(args, "pe_t5_max_distance", None) or DEFAULT_MAX_DISTANCE
+        if self.num_buckets < 4 or (not causal and self.num_buckets % 2):
+            raise ValueError(f"--pe-t5-num-buckets must be an even number >= 4, got {self.num_buckets}")
+        self.untie_layers = bool(getattr(args, "pe_relative_untie_layers", False))
+        if getattr(args, "pe_relative_untie_heads", False):
+            raise ValueError("--pe-relative-untie-heads has no effect with --pe-relative t5 "
+                             "(its biases are per head already); remove it")
+        tables = num_blocks if self.untie_layers else 1
+        self.bias = nn.Parameter(torch.empty(tables, self.num_buckets, num_heads))
+        nn.init.normal_(self.bias, mean=0.0, std=embed_dim ** -0.5)
+        self._bucket_cache = None
+
+    def buckets(self, tgt_len, src_len, query_offset, device):
+        key = (tgt_len, src_len, query_offset, device)
+        if self._bucket_cache is None or self._bucket_cache[0] != key:
+            dist = relative_distances(tgt_len, src_len, query_offset, device)
+            self._bucket_cache = (key, t5_bucket(dist, not self.causal, self.num_buckets, self.max_distance))
+        return self._bucket_cache[1]
+
+    def logit_terms(self, q, tgt_len, src_len, query_offset, block):
+        table = self.bias[block - 1 if self.untie_layers else 0]
+        bias = table[self.buckets(tgt_len, src_len, query_offset, q.device)]  # (T, S, H)
+        return bias.permute(2, 0, 1).to(q.dtype)  # (H, T, S)
