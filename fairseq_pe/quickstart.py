@@ -280,10 +280,10 @@ def get_parser():
     p.add_argument("--arch", default="transformer_pe_tiny")
     p.add_argument("--train-size", type=int, default=20000, help="synthetic training pairs")
     p.add_argument("--test-per-bucket", type=int, default=150, help="synthetic test sentences per bucket")
-    p.add_argument("--max-update", type=int, default=1000)
+    p.add_argument("--max-update", type=int, default=800)
     p.add_argument("--max-tokens", type=int, default=2048)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--lr", type=float, default=5e-3)
+    p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)),

@@ -227,6 +227,7 @@ def test_learnable_relative_parameters_get_gradients(relative):
     (("--pe-relative", "sinusoidal", "--pe-relative-untie-heads"), "no effect"),
     (("--pe-relative", "t5", "--pe-relative-untie-heads"), "no effect"),
     (("--pe-relative-untie-layers",), "need --pe-relative"),
+    (("--encoder-xformers-att-config", '{"name": "scaled_dot_product"}'), "xformers"),
 ])
 def test_ineffective_options_are_refused(flags, message):
     with pytest.raises(ValueError, match=message):

@@ -83,14 +83,16 @@ class RelativeSelfAttention(MultiheadAttention):
             self._set_input_buffer(incremental_state, saved)
         src_len = k.size(1)
 
+        # in-place from here on: no (B, H, T, S) copies (bmm's backward needs q and k, not its output)
         logits = torch.bmm(q, k.transpose(1, 2)).view(bsz, heads, tgt_len, src_len)
         rel = self.relative.logit_terms(q, tgt_len, src_len, query_offset, self.block)
         if rel is not None:
-            logits = logits + rel.to(logits.dtype)
+            logits.add_(rel.to(logits.dtype))
+            del rel
         if attn_mask is not None:
-            logits = logits + attn_mask
+            logits.add_(attn_mask)
         if key_padding_mask is not None:
-            logits = logits.masked_fill(key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), float("-inf"))
+            logits.masked_fill_(key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), float("-inf"))
         logits = logits.view(bsz * heads, tgt_len, src_len)
         if before_softmax:
             return logits, v

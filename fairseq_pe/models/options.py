@@ -89,5 +89,9 @@ def validate_position_args(args):
                              f"not to --pe-relative {args.pe_relative}; remove it")
     if args.pe_relative == "none" and (args.pe_relative_untie_layers or args.pe_relative_untie_heads):
         raise ValueError("--pe-relative-untie-layers/--pe-relative-untie-heads need --pe-relative")
+    for side in ("encoder", "decoder"):
+        if getattr(args, f"{side}_xformers_att_config", None):
+            raise ValueError(f"--{side}-xformers-att-config is not supported by fairseq_pe models: the "
+                             "xformers path is fairseq's fused attention path, which skips the position hooks")
     if args.pe_relative != "none" and getattr(args, "cross_self_attention", False):
         raise ValueError("--cross-self-attention is not supported with --pe-relative")
