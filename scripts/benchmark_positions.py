@@ -27,6 +27,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -121,7 +122,8 @@ def make_data(out, sentences, test_sentences, seed=1, vocab=32000):
 
 def measure(args, name, flags, data, env, encoder_memory=True):
     save = os.path.join(args.out, "ckpt", name)
-    os.makedirs(save, exist_ok=True)
+    shutil.rmtree(save, ignore_errors=True)  # fairseq-train would resume from an earlier round's checkpoint
+    os.makedirs(save)
     log(f"{name}: training {args.updates} updates")
     out = run([sys.executable, "-c", CLI_CHILD, "fairseq-train", data, "--user-dir", PLUGIN,
                "--arch", args.arch, *flags, "--share-all-embeddings",
@@ -130,6 +132,8 @@ def measure(args, name, flags, data, env, encoder_memory=True):
                "--max-tokens", str(args.max_tokens), "--max-update", str(args.updates), "--disable-validation",
                "--save-dir", save, "--no-epoch-checkpoints", "--save-interval-updates", "0",
                "--seed", "1", "--cpu", "--num-workers", "0", "--log-format", "simple"], env)
+    if "No existing checkpoint found" not in out:
+        raise SystemExit(f"{name}: fairseq-train resumed from a checkpoint in {save}; the timing would be wrong")
     train_s = float(re.search(r"done training in ([\d.]+) seconds", out).group(1))
     train_kb = int(re.search(r"PEAK_RSS_KB (\d+)", out).group(1))
     log(f"{name}: generating {args.gen_sentences} sentences of {args.gen_len} tokens")
