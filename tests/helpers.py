@@ -46,6 +46,20 @@ def random_tokens(d: Dictionary, batch: int, length: int, seed: int = 0, left_pa
     return tokens
 
 
+def assert_incremental_equals_full(model, d):
+    """Step-by-step decoding (incremental state) gives the log-probs of one full decoder pass."""
+    src = random_tokens(d, 3, 8, left_pad=(0, 2, 5))
+    prev = random_tokens(d, 3, 7, seed=1)
+    prev[:, 0] = d.eos()
+    enc = model.encoder(src, torch.tensor([8, 6, 3]))
+    full = model.get_normalized_probs(model.decoder(prev, encoder_out=enc), log_probs=True)
+    state = {}
+    for t in range(prev.shape[1]):
+        step = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+        step_lp = model.get_normalized_probs(step, log_probs=True)
+        torch.testing.assert_close(step_lp[:, -1], full[:, t], rtol=1e-5, atol=1e-5)
+
+
 def cli(*cmd: str, cwd=None, check=True) -> subprocess.CompletedProcess:
     """Run a fairseq CLI; on failure the assertion shows its output."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")

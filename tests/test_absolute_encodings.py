@@ -7,7 +7,7 @@ from fairseq_pe.positional import PositionOutOfRangeError, build_position_encodi
 from fairseq_pe.positional.injector import UNLIMITED_POSITIONS
 from fairseq_pe.positional.sinusoidal import sinusoid, transformer_frequencies
 
-from helpers import build_model, random_tokens
+from helpers import assert_incremental_equals_full, build_model, random_tokens
 
 ENCODINGS = ["none", "learned", "sinusoidal", "learnable-sinusoidal"]
 WITH_VECTORS = ["learned", "sinusoidal", "learnable-sinusoidal"]
@@ -173,16 +173,7 @@ def test_incremental_decoding_equals_full_forward(name, all_blocks):
         pytest.skip("--pe-all-blocks needs an absolute encoding")
     flags = ["--pe-absolute", name] + (["--pe-all-blocks"] if all_blocks else [])
     model, d = build_model(*flags)
-    src = random_tokens(d, 3, 8, left_pad=(0, 2, 5))
-    prev = random_tokens(d, 3, 7, seed=1)
-    prev[:, 0] = d.eos()
-    enc = model.encoder(src, torch.tensor([8, 6, 3]))
-    full = model.get_normalized_probs(model.decoder(prev, encoder_out=enc), log_probs=True)
-    state = {}
-    for t in range(prev.shape[1]):
-        step = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
-        step_lp = model.get_normalized_probs(step, log_probs=True)
-        torch.testing.assert_close(step_lp[:, -1], full[:, t], rtol=1e-5, atol=1e-5)
+    assert_incremental_equals_full(model, d)
 
 
 @pytest.mark.parametrize("side", ["source", "target"])

@@ -12,7 +12,7 @@ from fairseq_pe.positional.alibi import alibi_slopes
 from fairseq_pe.positional.base import relative_distances
 from fairseq_pe.positional.t5_bias import t5_bucket
 
-from helpers import build_model, random_tokens
+from helpers import assert_incremental_equals_full, build_model, random_tokens
 
 RELATIVE = ["learned", "sinusoidal", "learnable-sinusoidal", "rope", "alibi", "t5"]
 SHAW_FAMILY = ["learned", "sinusoidal", "learnable-sinusoidal"]
@@ -170,16 +170,7 @@ def test_incremental_decoding_equals_full_forward(absolute, relative, extra):
     model, d = build_model(*model_flags(absolute, relative, *extra))
     assert isinstance(model.decoder.layers[1].self_attn, RelativeSelfAttention)
     assert not isinstance(model.decoder.layers[1].encoder_attn, RelativeSelfAttention)  # no cross-attention term
-    src = random_tokens(d, 3, 8, left_pad=(0, 2, 5))
-    prev = random_tokens(d, 3, 7, seed=1)
-    prev[:, 0] = d.eos()
-    enc = model.encoder(src, torch.tensor([8, 6, 3]))
-    full = model.get_normalized_probs(model.decoder(prev, encoder_out=enc), log_probs=True)
-    state = {}
-    for t in range(prev.shape[1]):
-        step = model.get_normalized_probs(model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state),
-                                          log_probs=True)
-        torch.testing.assert_close(step[:, -1], full[:, t], rtol=1e-5, atol=1e-5)
+    assert_incremental_equals_full(model, d)
 
 
 @pytest.mark.parametrize("relative", RELATIVE)

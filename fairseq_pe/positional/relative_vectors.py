@@ -44,12 +44,10 @@ class _RelativeVectors(RelativePositionEncoding):
             raise ValueError(f"--pe-relative-max-distance must be >= 1, got {self.max_distance}")
         self.untie_layers = bool(getattr(args, "pe_relative_untie_layers", False))
         self.untie_heads = bool(getattr(args, "pe_relative_untie_heads", False))
-        if self.untie_heads and not self.untie_heads_allowed:
-            raise ValueError(f"--pe-relative-untie-heads has no effect with --pe-relative {self.registry_name} "
-                             "(its vectors are fixed); remove it")
-        if self.untie_layers and not self.untie_heads_allowed:
-            raise ValueError(f"--pe-relative-untie-layers has no effect with --pe-relative {self.registry_name} "
-                             "(its vectors are fixed); remove it")
+        for flag, set_ in (("heads", self.untie_heads), ("layers", self.untie_layers)):
+            if set_ and not self.untie_heads_allowed:
+                raise ValueError(f"--pe-relative-untie-{flag} has no effect with --pe-relative {self.registry_name} "
+                                 "(its vectors are fixed); remove it")
         self.num_tables = num_blocks if self.untie_layers else 1
         self.num_distances = 2 * self.max_distance + 1
         self._index_cache = None
