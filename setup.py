@@ -25,6 +25,7 @@ setup(
     entry_points={
         "console_scripts": [
             "fairseq-pe-quickstart = fairseq_pe.quickstart:main",
+            "fairseq-pe-warm-start-floater = fairseq_pe.warm_start:cli_main",
         ],
     },
 )

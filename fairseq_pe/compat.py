@@ -15,6 +15,13 @@ so ``fairseq-train`` / ``fairseq-generate`` users never see them:
    as a final batch, so every sentence is seen exactly once.
 3. fairseq's fused attention fast path skips attention subclass hooks: handled where the
    attention modules are built (:func:`fairseq_pe.models.layers.python_attention_path`).
+4. ``torchrun --nproc_per_node N fairseq-train ... --cpu --distributed-backend gloo``: on a
+   machine without GPUs fairseq keeps ``--distributed-world-size`` at its default (the GPU
+   count, 1), so every process trains its own model alone and they overwrite each other's
+   checkpoints; given the world size it divides by ``torch.cuda.device_count()`` (0).  The
+   launch-environment setup is wrapped: without GPUs, torchrun's ``WORLD_SIZE``/``RANK``
+   are used as they are with GPUs, with device 0 (the CPU); and fairseq's DDP wrapper, which
+   passes ``device_ids=[0]`` (refused by torch for a CPU module), passes none on the CPU.
 """
 
 import contextlib
@@ -69,9 +76,66 @@ def _batch_by_size_keeping_every_sentence(batch_by_size):
     return wrapper
 
 
+def _torchrun_on_cpu(infer_init_method):
+    @functools.wraps(infer_init_method)
+    def wrapper(cfg, *args, **kwargs):
+        import torch
+
+        launched = all(k in os.environ for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"))
+        if launched and torch.cuda.device_count() == 0 and cfg.distributed_init_method is None \
+                and not getattr(cfg, "tpu", False):
+            world = int(os.environ["WORLD_SIZE"])
+            if cfg.distributed_world_size not in (1, world):
+                raise ValueError(f"--distributed-world-size {cfg.distributed_world_size} contradicts torchrun's "
+                                 f"WORLD_SIZE={world}; drop the flag")
+            if world > 1:
+                cfg.distributed_init_method = "env://"
+                cfg.distributed_world_size = world
+                cfg.distributed_rank = int(os.environ["RANK"])
+                cfg.device_id = 0
+                cfg.distributed_no_spawn = True  # torchrun created the processes
+                return
+        return infer_init_method(cfg, *args, **kwargs)
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
+def _ddp_on_cpu(factory):
+    import sys
+
+    @functools.wraps(factory)
+    def wrapper(args, model, process_group, device, *rest, **kwargs):
+        on_cpu = getattr(device, "type", str(device)) == "cpu"
+        if not (on_cpu and getattr(args, "ddp_backend", None) in {"c10d", "pytorch_ddp"}):
+            return factory(args, model, process_group, device, *rest, **kwargs)
+        module = sys.modules[factory.__module__]
+        ddp = module.DistributedDataParallel
+
+        def cpu_ddp(*a, device_ids=None, output_device=None, **kw):
+            return ddp(*a, **kw)
+
+        module.DistributedDataParallel = cpu_ddp
+        try:
+            return factory(args, model, process_group, device, *rest, **kwargs)
+        finally:
+            module.DistributedDataParallel = ddp
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
 def apply():
     from fairseq import checkpoint_utils
     from fairseq.data import data_utils
+    from fairseq.distributed import utils as distributed_utils
+
+    from fairseq import models
+
+    if not getattr(models.DistributedFairseqModel, "_fairseq_pe_patched", False):
+        models.DistributedFairseqModel = _ddp_on_cpu(models.DistributedFairseqModel)
+    if not getattr(distributed_utils.infer_init_method, "_fairseq_pe_patched", False):
+        distributed_utils.infer_init_method = _torchrun_on_cpu(distributed_utils.infer_init_method)
 
     if not getattr(checkpoint_utils.load_checkpoint_to_cpu, "_fairseq_pe_patched", False):
         checkpoint_utils.load_checkpoint_to_cpu = _load_checkpoint_trusted(checkpoint_utils.load_checkpoint_to_cpu)

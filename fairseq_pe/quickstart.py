@@ -38,6 +38,8 @@ DEFAULT_SYSTEMS = {
     "rope": ["--pe-absolute", "none", "--pe-relative", "rope"],
     "alibi": ["--pe-absolute", "none", "--pe-relative", "alibi"],
     "t5": ["--pe-absolute", "none", "--pe-relative", "t5"],
+    "floater": ["--pe-absolute", "floater", "--pe-all-blocks"],
+    "floater-bias": ["--pe-absolute", "sinusoidal", "--pe-floater-bias"],
 }
 
 _print_lock = threading.Lock()

@@ -39,7 +39,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 from fairseq_pe.quickstart import DEFAULT_SYSTEMS  # noqa: E402  (the encodings and their flags)
 
 BASELINE = "ape-sinusoidal"
-SYSTEMS = {name: flags for name, flags in DEFAULT_SYSTEMS.items() if "--pe-relative" in flags or name == BASELINE}
+SYSTEMS = {name: flags for name, flags in DEFAULT_SYSTEMS.items()
+           if "--pe-relative" in flags or name == BASELINE or name.startswith("floater")}
 
 # runs a fairseq CLI in this process and reports the process's peak resident memory (KiB)
 CLI_CHILD = r"""

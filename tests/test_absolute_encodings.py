@@ -207,3 +207,16 @@ def test_half_precision_keeps_the_dtype():
     model.half()
     src = random_tokens(d, 1, 5)
     assert model.encoder.embed_positions(src).dtype == torch.float16
+
+
+@pytest.mark.parametrize("dim", [8, 65, 512])
+def test_fairseq_sinusoidal_equals_fairseqs_own_module(dim):
+    """--pe-absolute sinusoidal-fairseq: fairseq's SinusoidalPositionalEmbedding rows, bit for bit."""
+    from fairseq.modules.sinusoidal_positional_embedding import SinusoidalPositionalEmbedding
+
+    from fairseq_pe.positional import build_position_encoding
+
+    padding_idx = 1
+    ours = build_position_encoding("absolute", "sinusoidal-fairseq", embed_dim=dim, padding_idx=padding_idx)
+    theirs = SinusoidalPositionalEmbedding.get_embedding(300, dim, padding_idx)[padding_idx + 1:]
+    assert torch.equal(ours(298), theirs)

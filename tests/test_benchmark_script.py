@@ -12,13 +12,13 @@ def test_benchmark_script_smoke(tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run(
         [sys.executable, os.path.join(REPO, "scripts", "benchmark_positions.py"), "--out", str(out),
-         "--arch", "transformer_pe_tiny", "--systems", "rpe-learned", "alibi", "--updates", "2",
+         "--arch", "transformer_pe_tiny", "--systems", "rpe-learned", "floater-bias", "--updates", "2",
          "--max-tokens", "500", "--sentences", "60", "--gen-sentences", "5", "--gen-len", "6",
          "--lengths", "64", "--threads", "1", "--repeats", "2"],
         capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads((out / "benchmark.json").read_text())["results"]
-    assert list(res) == ["ape-sinusoidal", "rpe-learned", "alibi"]
+    assert list(res) == ["ape-sinusoidal", "rpe-learned", "floater-bias"]
     for r in res.values():
         assert r["train_s"] > 0 and r["generate_s"] > 0 and r["train_peak_kb"] > 0
         assert len(r["train_s_rounds"]) == 2 and r["train_s"] == min(r["train_s_rounds"])
@@ -26,3 +26,4 @@ def test_benchmark_script_smoke(tmp_path):
     lines = (out / "benchmark.md").read_text().splitlines()
     assert any(line.startswith("| ape-sinusoidal | 1.00× | 1.00× | 1.00× | 1.00× |") for line in lines)
     assert any(line.startswith("| rpe-learned |") for line in lines)
+    assert any(line.startswith("| floater-bias |") for line in lines)

@@ -1,7 +1,8 @@
 """End to end through the real CLIs: fairseq-preprocess -> fairseq-train -> fairseq-generate.
 
-For every absolute encoding (with and without --pe-all-blocks), every relative encoding, and
-the six APE+RPE pairs of Wang et al. Table 2:
+For every absolute encoding (with and without --pe-all-blocks), every relative encoding, the
+six APE+RPE pairs of Wang et al. Table 2, FLOATER (input block, all blocks, the Q/K/V-bias
+form) and each recurrent baseline of FLOATER's Table 6:
 * every test sentence gets exactly one hypothesis (27 sentences, fairseq's default
   --required-batch-size-multiple 8, batches of 5: the stock last-batch drop would lose some);
 * the checkpoint stores the --pe-* options, and fairseq-validate on the reloaded
@@ -25,19 +26,25 @@ from helpers import PLUGIN, cli
 
 ABSOLUTE = ["none", "learned", "sinusoidal", "learnable-sinusoidal"]
 RELATIVE = ["learned", "sinusoidal", "learnable-sinusoidal", "rope", "alibi", "t5"]
-# (absolute, --pe-all-blocks, relative)
+# (absolute, --pe-all-blocks, relative, other flags)
 CONFIGS = (
-    [(a, False, "none") for a in ABSOLUTE]
-    + [(a, True, "none") for a in ABSOLUTE[1:]]
-    + [("none", False, r) for r in RELATIVE]
+    [(a, False, "none", ()) for a in ABSOLUTE + ["floater"]]
+    + [(a, True, "none", ()) for a in ABSOLUTE[1:] + ["floater"]]
+    + [("none", False, r, ()) for r in RELATIVE]
     # the six APE+RPE pairs of Wang et al. Table 2
-    + [(a, False, r) for a in ("learned", "learnable-sinusoidal") for r in RELATIVE[:3]]
+    + [(a, False, r, ()) for a in ("learned", "learnable-sinusoidal") for r in RELATIVE[:3]]
+    # FLOATER's Q/K/V-bias form on a sinusoidal model, and the recurrent baselines of its Table 6
+    + [("sinusoidal", False, "none", ("--pe-floater-bias",)),
+       ("sinusoidal", False, "none", ("--pe-floater-bias", "--pe-floater-dynamics", "rnn")),
+       ("floater", True, "none", ("--pe-floater-dynamics", "gru", "--pe-floater-rnn-input", "vector")),
+       ("floater", False, "none", ("--pe-floater-dynamics", "lstm", "--pe-floater-rnn-layers", "2"))]
 )
 
 
 def config_id(config):
-    a, all_blocks, r = config
-    return f"ape-{a}{'-all' if all_blocks else ''}" + (f"+rpe-{r}" if r != "none" else "")
+    a, all_blocks, r, extra = config
+    return (f"ape-{a}{'-all' if all_blocks else ''}" + (f"+rpe-{r}" if r != "none" else "")
+            + "".join("+" + f.replace("--pe-floater-", "") if f.startswith("--") else "-" + f for f in extra))
 N_TEST = 27
 TRAIN_FLAGS = ["--arch", "transformer_pe_tiny", "--optimizer", "adam", "--lr", "0.005",
                "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "20", "--max-tokens", "1000",
@@ -74,10 +81,10 @@ def positional_scores(generate_stdout: str):
     return scores
 
 
-@pytest.mark.parametrize("name,all_blocks,relative", CONFIGS, ids=[config_id(c) for c in CONFIGS])
-def test_train_generate_rescore(tmp_path, data_bin, name, all_blocks, relative):
+@pytest.mark.parametrize("name,all_blocks,relative,extra", CONFIGS, ids=[config_id(c) for c in CONFIGS])
+def test_train_generate_rescore(tmp_path, data_bin, name, all_blocks, relative, extra):
     save = str(tmp_path / "ckpt")
-    pe = ["--pe-absolute", name, "--pe-relative", relative] + (["--pe-all-blocks"] if all_blocks else [])
+    pe = ["--pe-absolute", name, "--pe-relative", relative] + (["--pe-all-blocks"] if all_blocks else []) + list(extra)
     train = cli("fairseq-train", data_bin, "--user-dir", PLUGIN, *TRAIN_FLAGS, *pe, "--save-dir", save)
     ckpt = os.path.join(save, "checkpoint_last.pt")
 
@@ -86,6 +93,9 @@ def test_train_generate_rescore(tmp_path, data_bin, name, all_blocks, relative):
     assert state["cfg"]["model"].pe_absolute == name
     assert state["cfg"]["model"].pe_all_blocks == all_blocks
     assert state["cfg"]["model"].pe_relative == relative
+    assert state["cfg"]["model"].pe_floater_bias == ("--pe-floater-bias" in extra)
+    if "--pe-floater-dynamics" in extra:
+        assert state["cfg"]["model"].pe_floater_dynamics == extra[extra.index("--pe-floater-dynamics") + 1]
     # ... and the reloaded model, built without any --pe-* flag, scores the validation set identically
     val = cli("fairseq-validate", data_bin, "--user-dir", PLUGIN, "--task", "translation", "--path", ckpt, "--cpu",
               "--max-tokens", "700", "--num-workers", "0")

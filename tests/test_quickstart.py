@@ -34,8 +34,8 @@ def test_synthetic(tmp_path):
     work = str(tmp_path / "qs")
     out = cli("fairseq-pe-quickstart", "--workdir", work, "--train-size", "400", "--test-per-bucket", "6",
               "--buckets", "1,9,17", "--systems", "ape-learned", "sin-all=--pe-absolute sinusoidal --pe-all-blocks",
-              *SMALL)
-    check_results(work, ["ape-learned", "sin-all"], ["[1,9)", "[9,17)"], [6, 6])
+              "floater", *SMALL)
+    check_results(work, ["ape-learned", "sin-all", "floater"], ["[1,9)", "[9,17)"], [6, 6])
     assert "update 15/15" in out.stdout  # progress was shown
     assert "[9,17) (n=6)" in out.stdout
 

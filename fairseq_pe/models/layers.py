@@ -2,7 +2,8 @@
 
 They subclass fairseq's layers and override two hooks only: ``forward`` adds the block's
 absolute vectors to the block input (``--pe-all-blocks``) before running fairseq's layer
-unchanged, and ``build_self_attention`` / ``build_encoder_attention`` build
+unchanged (FLOATER's Q/K/V biases, ``--pe-floater-bias``, are forward hooks on the attention
+projections, installed by ``attach_positions``), and ``build_self_attention`` / ``build_encoder_attention`` build
 :class:`~fairseq_pe.models.attention.RelativeSelfAttention` when ``--pe-relative`` is set,
 and otherwise fairseq's attention with its fused fast path switched off (``F.multi_head_attention_forward``), which bypasses the hooks of
 attention subclasses and differs numerically from the step-by-step path used in
@@ -12,6 +13,8 @@ incremental decoding.
 from fairseq.distributed import fsdp_wrap
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+
+from fairseq_pe.positional.floater_bias import install_projection_biases
 
 from .attention import RelativeSelfAttention
 
@@ -43,6 +46,10 @@ class BlockPositionMixin:
         self.block = block
         if isinstance(self.self_attn, RelativeSelfAttention):
             self.self_attn.attach_relative(injector.relative, block)
+        if injector.self_bias is not None:
+            install_projection_biases(self.self_attn, self, "self")
+        if injector.cross_bias is not None and getattr(self, "encoder_attn", None) is not None:
+            install_projection_biases(self.encoder_attn, self, "cross")
 
     def forward(self, x, *args, **kwargs):
         if self.position_injector is not None:

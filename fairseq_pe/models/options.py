@@ -1,6 +1,7 @@
 """Command-line options shared by every model of the plugin (``transformer_pe``, later ``roberta_pe``)."""
 
 from fairseq_pe.positional import position_encoding_choices
+from fairseq_pe.positional.floater import add_floater_args, floater_defaults, validate_floater_args
 
 
 def add_position_encoding_args(parser):
@@ -10,15 +11,17 @@ def add_position_encoding_args(parser):
         "--pe-absolute", choices=position_encoding_choices("absolute"),
         help="absolute position encoding added to the token embeddings: none; learned (a table "
              "of --max-source/target-positions vectors); sinusoidal (fixed, Vaswani et al.); "
-             "learnable-sinusoidal (trainable frequencies, Wang et al.). Default: sinusoidal",
+             "learnable-sinusoidal (trainable frequencies, Wang et al.); floater (neural ODE, Liu et "
+             "al.; see --pe-floater-*); sinusoidal-fairseq (fairseq's stock sinusoids, for converted "
+             "stock checkpoints). Default: sinusoidal",
     )
     group.add_argument(
         "--pe-all-blocks", action="store_true",
         help="inject the absolute encoding at the input of every block, not only at the "
              "embedding layer (sinusoidal: FLOATER Eq. 7, P(i)+P(n) for block n; learned: one "
-             "table per block; learnable-sinusoidal: frequencies shared by all blocks)",
+             "table per block; learnable-sinusoidal: frequencies shared by all blocks; floater: "
+             "one initial value per block, dynamics shared, FLOATER §3.2)",
     )
-
 
     group.add_argument(
         "--pe-relative", choices=position_encoding_choices("relative"),
@@ -41,6 +44,7 @@ def add_position_encoding_args(parser):
     group.add_argument("--pe-t5-num-buckets", type=int, help="t5: number of distance buckets (default 32)")
     group.add_argument("--pe-t5-max-distance", type=int,
                        help="t5: distance where the last (logarithmic) bucket starts (default 128)")
+    add_floater_args(group)
 
 
 # options that belong to one family of relative encodings: (option, families, default)
@@ -65,6 +69,7 @@ def position_encoding_defaults(args):
             setattr(args, name, default)
         elif not hasattr(args, name):
             setattr(args, name, None)
+    floater_defaults(args)
 
 
 def validate_position_args(args):
@@ -95,3 +100,4 @@ def validate_position_args(args):
                              "xformers path is fairseq's fused attention path, which skips the position hooks")
     if args.pe_relative != "none" and getattr(args, "cross_self_attention", False):
         raise ValueError("--cross-self-attention is not supported with --pe-relative")
+    validate_floater_args(args)

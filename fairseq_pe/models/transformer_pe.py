@@ -12,12 +12,15 @@ from fairseq.models.transformer import TransformerDecoderBase, TransformerEncode
 from fairseq.models.transformer import transformer_legacy as stock
 
 from fairseq_pe.positional import PositionInjector, build_position_encoding
+from fairseq_pe.positional.floater_bias import FloaterAttentionBias
 
+from .floater_setup import apply_floater_freezing, build_floater_flow, floater_pass
 from .layers import PositionAwareDecoderLayer, PositionAwareEncoderLayer, wrap_layer
 from .options import add_position_encoding_args, position_encoding_defaults, validate_position_args
 
 
-def build_position_injector(cfg, num_blocks: int, embed_dim: int, num_heads: int, padding_idx: int, side: str):
+def build_position_injector(cfg, num_blocks: int, embed_dim: int, num_heads: int, padding_idx: int, side: str,
+                            cross_attention: bool = False):
     """The ``embed_positions`` module of the encoder (``side="source"``) or decoder (``"target"``)."""
     max_positions = cfg.max_source_positions if side == "source" else cfg.max_target_positions
     absolute = build_position_encoding(
@@ -27,12 +30,18 @@ def build_position_injector(cfg, num_blocks: int, embed_dim: int, num_heads: int
         all_blocks=cfg.pe_all_blocks,
         max_positions=max_positions,
         max_positions_flag=f"--max-{side}-positions",
+        padding_idx=padding_idx,
     )
     relative = build_position_encoding(
         "relative", cfg.pe_relative,
         embed_dim=embed_dim, num_heads=num_heads, num_blocks=num_blocks, causal=side == "target", args=cfg,
     )
-    return PositionInjector(absolute, padding_idx, relative=relative)
+    bias = getattr(cfg, "pe_floater_bias", False)
+    return PositionInjector(
+        absolute, padding_idx, relative=relative,
+        self_bias=FloaterAttentionBias(embed_dim, num_blocks) if bias else None,
+        cross_bias=FloaterAttentionBias(embed_dim, num_blocks) if bias and cross_attention else None,
+    )
 
 
 class TransformerPEEncoder(TransformerEncoderBase):
@@ -47,6 +56,11 @@ class TransformerPEEncoder(TransformerEncoderBase):
     def build_encoder_layer(self, cfg):
         return wrap_layer(PositionAwareEncoderLayer(cfg, return_fc=self.return_fc), cfg)
 
+    def forward(self, src_tokens, *args, **kwargs):
+        # a direct call (not through the model) still solves FLOATER's ODE once for all blocks
+        with floater_pass(_flow_of(self.embed_positions), src_tokens.size(1)):
+            return super().forward(src_tokens, *args, **kwargs)
+
     def max_positions(self):
         # no hidden cap: only a table-based encoding limits the length
         return self.embed_positions.max_positions
@@ -57,7 +71,8 @@ class TransformerPEDecoder(TransformerDecoderBase):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
         self.embed_positions = build_position_injector(
-            cfg, len(self.layers), cfg.decoder.embed_dim, cfg.decoder.attention_heads, self.padding_idx, "target"
+            cfg, len(self.layers), cfg.decoder.embed_dim, cfg.decoder.attention_heads, self.padding_idx, "target",
+            cross_attention=not no_encoder_attn,
         )
         for block, layer in enumerate(self.layers, start=1):
             layer.attach_positions(self.embed_positions, block)
@@ -65,13 +80,46 @@ class TransformerPEDecoder(TransformerDecoderBase):
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return wrap_layer(PositionAwareDecoderLayer(cfg, no_encoder_attn), cfg)
 
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
+        injector = self.embed_positions
+        length = prev_output_tokens.size(1)
+        if injector.cross_bias is not None and encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
+            enc = encoder_out["encoder_out"][0]  # (S, B, C)
+            mask = encoder_out["encoder_padding_mask"]
+            injector.set_source(mask[0] if len(mask) > 0 else None, enc.size(0), enc.size(1), enc.device)
+            length = max(length, enc.size(0))
+        with floater_pass(_flow_of(injector), length):
+            return super().extract_features(prev_output_tokens, encoder_out=encoder_out,
+                                            incremental_state=incremental_state, **kwargs)
+
     def max_positions(self):
         return self.embed_positions.max_positions
+
+
+def _flow_of(injector):
+    """The FloaterFlow serving ``injector``'s encodings, if any."""
+    for client in (injector.absolute, injector.self_bias, injector.cross_bias):
+        flow = getattr(client, "flow", None)
+        if flow is not None:
+            return flow
+    return None
 
 
 @register_model("transformer_pe")
 class TransformerPEModel(TransformerModel):
     """fairseq's Transformer with ``--pe-*`` position encodings (see ``fairseq_pe/README``)."""
+
+    def __init__(self, args, encoder, decoder):
+        super().__init__(args, encoder, decoder)
+        # FLOATER: one flow (dynamics networks) for the whole model; None without FLOATER
+        self.floater = build_floater_flow(args, {"encoder": encoder.embed_positions,
+                                                 "decoder": decoder.embed_positions})
+        apply_floater_freezing(self, self.floater, args)
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
+        # one ODE solve serves the encoder and the decoder of this pass
+        with floater_pass(self.floater, max(src_tokens.size(1), prev_output_tokens.size(1))):
+            return super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)
 
     @classmethod
     def add_args(cls, parser):

@@ -72,14 +72,17 @@ class AbsolutePositionEncoding(nn.Module):
             encodings that work at any length (``has_length_limit = False``).
         max_positions_flag: the command-line flag that sets ``max_positions``, named in the
             error raised for a longer sequence.
+        padding_idx: the dictionary's padding index (fairseq's own encodings offset positions by it).
     """
 
     #: whether the encoding has a length limit (a table); sinusoids have none
     has_length_limit = False
 
     def __init__(self, embed_dim: int, num_blocks: int = 1, all_blocks: bool = False,
-                 max_positions: Optional[int] = None, max_positions_flag: str = "--max-source-positions"):
+                 max_positions: Optional[int] = None, max_positions_flag: str = "--max-source-positions",
+                 padding_idx: int = 1):
         super().__init__()
+        self.padding_idx = padding_idx
         self.embed_dim = embed_dim
         self.num_blocks = num_blocks
         self.all_blocks = all_blocks

@@ -6,7 +6,9 @@
 batch once, returns the input block's absolute vectors, and keeps the positions so that
 every later block (``--pe-all-blocks``) is served from the same computation by
 :meth:`add_block_vectors`.  It also owns the side's relative encoding, which the
-self-attention of every block uses (one module, shared by the layers).
+self-attention of every block uses (one module, shared by the layers), and FLOATER's Q/K/V
+bias initial values (:mod:`.floater_bias`), whose biases it serves to the projections of
+every block (:meth:`attention_bias`).
 """
 
 from typing import Optional
@@ -30,17 +32,50 @@ def token_positions(tokens: torch.Tensor, padding_idx: int) -> torch.Tensor:
     return torch.cumsum(mask, dim=1) * mask - 1
 
 
+def lookup(positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rows of ``table`` at ``positions`` (B, T) -> (B, T, D); zero vectors at padding (-1)."""
+    real = positions.ge(0)
+    return F.embedding(positions.clamp(min=0), table) * real.unsqueeze(-1).to(table.dtype)
+
+
+def gather_plan(positions: torch.Tensor):
+    """What :func:`lookup_time_major` needs, computed once per forward pass: the row of each
+    token in time-major order, shifted by one so that padding (-1) picks a zero row.
+
+    When every row has the same positions (no padding: e.g. each step of beam search) the
+    plan gathers one row per time step, (T, 1, ·), which broadcasts over the batch.
+    """
+    if positions.size(0) > 1 and bool(positions[:, :1].ge(0).all()) and bool((positions == positions[:1]).all()):
+        return positions[0] + 1, (1, positions.size(1))
+    return (positions + 1).t().reshape(-1), positions.shape
+
+
+def lookup_time_major(plan, table: torch.Tensor) -> torch.Tensor:
+    """Rows of ``table`` (L, E) at the planned positions, (T, B, E) as fairseq's attention
+    inputs; zero at padding.  An embedding lookup: its backward is a dense scatter-add."""
+    index, (batch, time) = plan
+    table = torch.cat([table.new_zeros(1, table.size(-1)), table])
+    return F.embedding(index, table).view(time, batch, table.size(-1))
+
+
 class PositionInjector(nn.Module):
     def __init__(self, absolute: Optional[AbsolutePositionEncoding], padding_idx: int,
-                 relative: Optional[RelativePositionEncoding] = None):
+                 relative: Optional[RelativePositionEncoding] = None,
+                 self_bias: Optional[nn.Module] = None, cross_bias: Optional[nn.Module] = None):
         super().__init__()
         self.absolute = absolute
         self.relative = relative  # used by the self-attention of every block
+        self.self_bias = self_bias  # FLOATER Q/K/V biases of self-attention
+        self.cross_bias = cross_bias  # FLOATER Q/K/V biases of cross-attention (decoder)
+        self.source_positions: Optional[torch.Tensor] = None  # (B, S), for cross-attention keys/values
+        self.source_length = 0
         self.padding_idx = padding_idx
         # follows the model's dtype (.half(), .bfloat16()) so returned zeros/vectors match it
         self.register_buffer("_dtype_probe", torch.zeros(0), persistent=False)
         self.positions: Optional[torch.Tensor] = None  # (B, T) of the current forward pass
         self.length = 0  # 1 + the largest position of the current forward pass
+        self._plan = self._source_plan = None  # gather plans of this side's / the source's positions
+        self._rows = {}  # FLOATER biases of the current pass: kind -> one (T, B, D) tensor per projection
 
     @property
     def max_positions(self) -> int:
@@ -62,15 +97,41 @@ class PositionInjector(nn.Module):
         if incremental_state is not None:
             positions = positions[:, -1:]
         self.positions = positions
+        self._plan = gather_plan(positions)
+        # FLOATER biases on this side's positions: every block's q/k/v (and cross-attention q) in one gather
+        self._rows = {}
+        for kind, bias in (("self", self.self_bias), ("cross", self.cross_bias)):
+            if bias is not None:
+                bias.begin_forward(max(self.length, self.source_length if kind == "cross" else 0))
+                # cross-attention: the queries only; its keys and values live on the source positions
+                tables = bias.all_tables(self.length) if kind == "self" else bias.query_tables(self.length)
+                # unbind, not indexing: the backward of n selects would build n full-size zero tensors
+                self._rows[kind] = lookup_time_major(self._plan, tables).unflatten(-1, (-1, bias.embed_dim)).unbind(2)
         if self.absolute is None:
             return positions.new_zeros(positions.shape + (1,), dtype=self._dtype_probe.dtype)
         return self.vectors(block=1)
 
     def vectors(self, block: int) -> torch.Tensor:
         """Block ``block``'s absolute vectors for the current positions, (B, T, D), 0 at padding."""
-        table = self.absolute(self.length, block).to(self._dtype_probe.dtype)
-        real = self.positions.ge(0)
-        return F.embedding(self.positions.clamp(min=0), table) * real.unsqueeze(-1).to(table.dtype)
+        return lookup(self.positions, self.absolute(self.length, block).to(self._dtype_probe.dtype))
+
+    def set_source(self, encoder_padding_mask: Optional[torch.Tensor], src_len: int, batch: int, device):
+        """Positions of the source tokens (decoder side: cross-attention keys and values)."""
+        if encoder_padding_mask is None:
+            self.source_positions = torch.arange(src_len, device=device).unsqueeze(0).expand(batch, src_len)
+        else:
+            self.source_positions = torch.cumsum(~encoder_padding_mask, dim=1) * (~encoder_padding_mask) - 1
+        self.source_length = max(int(self.source_positions.max()) + 1, 1) if self.source_positions.numel() else 1
+        self._source_plan = gather_plan(self.source_positions)
+
+    def attention_bias(self, kind: str, block: int, index: int) -> torch.Tensor:
+        """FLOATER bias (T, B, D) of projection ``index`` (q, k, v) of ``kind`` attention in ``block``."""
+        if kind == "self":
+            return self._rows["self"][self.self_bias.row(block, index)]
+        if index == 0:  # cross-attention queries: this side's positions
+            return self._rows["cross"][block - 1]
+        # cross-attention keys and values: the source's positions
+        return lookup_time_major(self._source_plan, self.cross_bias.table(self.source_length, block, index))
 
     def add_block_vectors(self, x: torch.Tensor, block: int) -> torch.Tensor:
         """x (T, B, D) at the input of 1-based ``block`` plus its vectors when every block gets them.
@@ -79,4 +140,4 @@ class PositionInjector(nn.Module):
         """
         if block == 1 or not self.all_blocks:
             return x
-        return x + self.vectors(block).transpose(0, 1)
+        return x + lookup_time_major(self._plan, self.absolute(self.length, block).to(x.dtype))

@@ -16,6 +16,11 @@ Per block (``--pe-all-blocks``; FLOATER paper Eq. 7, after Dehghani et al. 2018)
 block n (1-based) receives p_i^(n) = P(i) + P(n).  The learnable variant shares its
 frequencies across blocks, so every block uses the same ω and differs by P(n).
 Both work at any length: there is no table size and no maximum position.
+
+fairseq's own (``sinusoidal-fairseq``): what fairseq's stock ``transformer`` uses
+(``SinusoidalPositionalEmbedding``), so that stock checkpoints convert exactly
+(``scripts/warm_start_floater.py``): ω_i = 10000^(-i/(D/2-1)) and token x at position
+x + padding_idx + 1.
 """
 
 import math
@@ -76,3 +81,31 @@ class LearnableSinusoidalPositionEncoding(_SinusoidalBase):
 
     def frequencies(self):
         return self.omega
+
+
+def fairseq_frequencies(embed_dim: int) -> torch.Tensor:
+    """fairseq's ``SinusoidalPositionalEmbedding.get_embedding`` frequencies, computed as it does (float32)."""
+    half = embed_dim // 2
+    return torch.exp(torch.arange(half, dtype=torch.float) * -(math.log(10000) / (half - 1)))
+
+
+@register_position_encoding("absolute", "sinusoidal-fairseq")
+class FairseqSinusoidalPositionEncoding(_SinusoidalBase):
+    """fairseq's stock sinusoids (module docstring): the same vectors as fairseq's ``transformer``."""
+
+    def __init__(self, embed_dim, **kwargs):
+        super().__init__(embed_dim, **kwargs)
+        if embed_dim < 4:
+            raise ValueError("--pe-absolute sinusoidal-fairseq needs an embedding dimension of at least 4")
+        self.register_buffer("omega", fairseq_frequencies(embed_dim), persistent=False)
+
+    def frequencies(self):
+        return self.omega
+
+    def forward(self, length: int, block: int = 1) -> torch.Tensor:
+        offset = self.padding_idx + 1
+        positions = torch.arange(offset, offset + length, device=self.omega.device)
+        table = sinusoid(positions, self.omega, self.embed_dim)
+        if self.all_blocks:
+            table = table + sinusoid(torch.tensor([float(block)], device=self.omega.device), self.omega, self.embed_dim)
+        return table
