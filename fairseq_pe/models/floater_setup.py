@@ -18,22 +18,21 @@ def build_floater_flow(args, injectors: Dict[str, object]) -> Optional[FloaterFl
     """``injectors``: side name ("encoder", "decoder") -> that side's PositionInjector."""
     if not uses_floater(args):
         return None
-    dims = {}
-    for side, injector in injectors.items():
-        for client in (injector.absolute, injector.self_bias, injector.cross_bias):
-            if client is not None and (isinstance(client, FloaterPositionEncoding) or client is not injector.absolute):
-                dims[side] = client.embed_dim
-    if len(set(dims.values())) > 1:
-        raise ValueError(f"FLOATER needs the same embedding dimension on every side (got {dims}): one ODE "
-                         "state serves them all; set --encoder-embed-dim and --decoder-embed-dim equal")
-    flow = FloaterFlow(next(iter(dims.values())), args)
+    clients = []  # (group, client): a side's absolute encoding and self-attention biases share its network
     for side, injector in injectors.items():
         if isinstance(injector.absolute, FloaterPositionEncoding):
-            flow.add_client(side, injector.absolute)
+            clients.append((side, injector.absolute))
         if injector.self_bias is not None:
-            flow.add_client(side, injector.self_bias)
+            clients.append((side, injector.self_bias))
         if injector.cross_bias is not None:
-            flow.add_client("cross", injector.cross_bias)
+            clients.append(("cross", injector.cross_bias))
+    dims = {client.embed_dim for _, client in clients}
+    if len(dims) > 1:
+        raise ValueError(f"FLOATER needs the same embedding dimension on every side (got {sorted(dims)}): one "
+                         "ODE state serves them all; set --encoder-embed-dim and --decoder-embed-dim equal")
+    flow = FloaterFlow(dims.pop(), args)
+    for group, client in clients:
+        flow.add_client(group, client)
     return flow.build_dynamics()
 
 

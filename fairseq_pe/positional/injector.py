@@ -45,7 +45,7 @@ def gather_plan(positions: torch.Tensor):
     When every row has the same positions (no padding: e.g. each step of beam search) the
     plan gathers one row per time step, (T, 1, ·), which broadcasts over the batch.
     """
-    if positions.size(0) > 1 and bool(positions[:, :1].ge(0).all()) and bool((positions == positions[:1]).all()):
+    if positions.size(0) > 1 and bool((positions == positions[:1]).all()):
         return positions[0] + 1, (1, positions.size(1))
     return (positions + 1).t().reshape(-1), positions.shape
 
