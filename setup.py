@@ -19,6 +19,7 @@ setup(
         "sentencepiece>=0.1.99",
         "rotary-embedding-torch>=0.8",
         "matplotlib>=3.5",
+        "sacremoses>=0.0.53",
         "numpy",
     ],
     extras_require={"test": ["pytest>=7"]},
@@ -26,6 +27,9 @@ setup(
         "console_scripts": [
             "fairseq-pe-quickstart = fairseq_pe.quickstart:main",
             "fairseq-pe-warm-start-floater = fairseq_pe.warm_start:cli_main",
+            "fairseq-pe-prepare-wmt14 = fairseq_pe.data_prep.wmt14:main",
+            "fairseq-pe-s2l-split = fairseq_pe.s2l:main",
+            "fairseq-pe-bucket-bleu = fairseq_pe.bucket_bleu:main",
         ],
     },
 )

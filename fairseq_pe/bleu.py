@@ -4,6 +4,7 @@ Nothing is dropped silently: every source sentence must have exactly one hypothe
 otherwise :class:`GenerateOutputError` says which sentence ids are missing or repeated.
 """
 
+import argparse
 import math
 import re
 from dataclasses import dataclass
@@ -86,11 +87,31 @@ def bucket_label(bucket: Bucket) -> str:
     return f"[{lo},{hi})" if hi is not None else f"[{lo},inf)"
 
 
+def parse_buckets(spec: str) -> List[Bucket]:
+    """``"1,17,25,33,49"`` -> [1,17) [17,25) [25,33) [33,49); a trailing ``+`` makes the last open."""
+    open_end = spec.endswith("+")
+    edges = [int(x) for x in spec.rstrip("+").split(",")]
+    if len(edges) < (1 if open_end else 2) or edges != sorted(set(edges)):
+        raise argparse.ArgumentTypeError(f"--buckets {spec!r}: give increasing boundaries, e.g. 1,17,25,33,49")
+    buckets: List[Bucket] = [(lo, hi) for lo, hi in zip(edges, edges[1:])]
+    if open_end:
+        buckets.append((edges[-1], None))
+    return buckets
+
+
 def assign_bucket(length: int, buckets: Sequence[Bucket]) -> Optional[int]:
     for b, (lo, hi) in enumerate(buckets):
         if length >= lo and (hi is None or length < hi):
             return b
     return None
+
+
+def _score(metric, hyps: List[str], refs: List[str]) -> dict:
+    """BLEU, sentence count and the length ratio (hypothesis / reference tokens, as sacreBLEU counts them)."""
+    if not hyps:
+        return {"bleu": math.nan, "n": 0, "ratio": math.nan}
+    s = metric.corpus_score(hyps, [refs])
+    return {"bleu": s.score, "n": len(hyps), "ratio": s.sys_len / s.ref_len if s.ref_len else math.nan}
 
 
 def bucketed_bleu(
@@ -102,7 +123,8 @@ def bucketed_bleu(
 ) -> Dict[str, dict]:
     """sacreBLEU of each bucket and of all sentences.
 
-    Returns ``{label: {"bleu": float, "n": int}}`` plus an ``"all"`` entry and a
+    Returns ``{label: {"bleu": float, "n": int, "ratio": float}}`` (``ratio``: hypothesis length over
+    reference length, which shows a model stopping early or running on) plus an ``"all"`` entry and a
     ``"signature"`` string.  A sentence whose length falls in no bucket is an error.
     """
     if not (len(hypotheses) == len(references) == len(lengths)):
@@ -122,11 +144,7 @@ def bucketed_bleu(
     result: Dict[str, dict] = {}
     metric = sacrebleu.metrics.BLEU(**bleu_kwargs)
     for bucket, idx in zip(buckets, members):
-        if idx:
-            score = metric.corpus_score([hypotheses[i] for i in idx], [[references[i] for i in idx]]).score
-        else:
-            score = math.nan
-        result[bucket_label(bucket)] = {"bleu": score, "n": len(idx)}
-    result["all"] = {"bleu": metric.corpus_score(list(hypotheses), [list(references)]).score, "n": len(hypotheses)}
+        result[bucket_label(bucket)] = _score(metric, [hypotheses[i] for i in idx], [references[i] for i in idx])
+    result["all"] = _score(metric, list(hypotheses), list(references))
     result["signature"] = str(metric.get_signature())
     return result

@@ -43,10 +43,12 @@ def test_duplicate_hypothesis_is_an_error(tmp_path):
 def test_bucket_scores_equal_sacrebleu_on_each_bucket():
     lengths = [len(s.split()) for s in SOURCES]
     res = bucketed_bleu(HYPS, REFS, lengths, [(1, 4), (4, None)])
-    short = sacrebleu.corpus_bleu([HYPS[0], HYPS[2]], [[REFS[0], REFS[2]]]).score
-    long = sacrebleu.corpus_bleu([HYPS[1], HYPS[3]], [[REFS[1], REFS[3]]]).score
-    assert res["[1,4)"] == {"bleu": pytest.approx(short), "n": 2}
-    assert res["[4,inf)"] == {"bleu": pytest.approx(long), "n": 2}
+    short = sacrebleu.corpus_bleu([HYPS[0], HYPS[2]], [[REFS[0], REFS[2]]])
+    long = sacrebleu.corpus_bleu([HYPS[1], HYPS[3]], [[REFS[1], REFS[3]]])
+    assert res["[1,4)"] == {"bleu": pytest.approx(short.score), "n": 2, "ratio": pytest.approx(4 / 5)}
+    assert res["[4,inf)"] == {"bleu": pytest.approx(long.score), "n": 2,
+                              "ratio": pytest.approx(long.sys_len / long.ref_len)}
+    assert (long.sys_len, long.ref_len) == (11, 12)
     assert res["all"]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(HYPS, [REFS]).score)
     assert res["signature"].startswith("nrefs:1")
 

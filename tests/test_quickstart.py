@@ -51,14 +51,26 @@ def test_real_corpus_directory(tmp_path):
     for split, (a, b) in ranges.items():
         for lang in ("en", "de"):
             (corpus / f"{split}.{lang}").write_text("\n".join(lines[lang][a:b]) + "\n", encoding="utf-8")
+    extra = {lang: tmp_path / f"extra.{lang}" for lang in ("en", "de")}
+    for lang in ("en", "de"):
+        extra[lang].write_text("\n".join(lines[lang][670:682]) + "\n", encoding="utf-8")
     work = str(tmp_path / "qs")
-    cli("fairseq-pe-quickstart", "--workdir", work, "--data", str(corpus), "--source-lang", "en",
-        "--target-lang", "de", "--spm-vocab-size", "300", "--buckets", "1,15,1000", "--systems", "alibi",
-        *SMALL)
-    lengths = [len(s.split()) for s in lines["en"][640:670]]
-    short = sum(1 for n in lengths if n < 15)
-    check_results(work, ["alibi"], ["[1,15)", "[15,1000)"], [short, 30 - short])
-    assert os.path.exists(os.path.join(work, "spm", "spm.model"))
+    out = cli("fairseq-pe-quickstart", "--workdir", work, "--data", str(corpus), "--source-lang", "en",
+              "--target-lang", "de", "--spm-vocab-size", "300", "--length-unit", "subword", "--buckets", "1,20+",
+              "--extra-test", f"tedx={extra['en']},{extra['de']}", "--systems", "alibi", *SMALL)
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(work, "spm", "spm.model"))
+    lengths = [len(p) for p in sp.encode(lines["en"][640:670], out_type=str)]
+    short = sum(1 for n in lengths if n < 20)
+    check_results(work, ["alibi"], ["[1,20)", "[20,inf)"], [short, 30 - short])
+    with open(os.path.join(work, "results.json")) as f:
+        res = json.load(f)
+    assert res["length_unit"] == "sentencepiece tokens"
+    assert res["systems"]["alibi"]["tedx"]["n"] == 12  # the extra test corpus, decoded and scored
+    assert "tedx (n=12)" in out.stdout
+    hyps = open(os.path.join(work, "systems", "alibi", "generate-test1.txt"), encoding="utf-8").read()
+    assert sum(1 for line in hyps.splitlines() if line.startswith("D-")) == 12
 
 
 def test_mismatched_corpus_is_refused(tmp_path):

@@ -1,0 +1,256 @@
+"""``fairseq-pe-bucket-bleu``: sacreBLEU per source-length bucket for one or more systems.
+
+Each ``--system NAME=PATH`` is a ``fairseq-generate`` output (its ``D-`` lines, or ``H-`` with
+``--hyp-tag H``) or, with ``--plain``, a hypothesis file with one line per source line.  Scores
+are computed against the raw ``--reference`` file (not fairseq's ``T-`` lines, whose unknown
+characters are ``<unk>``), after undoing the subword segmentation that is still in the
+hypotheses (``--segmentation``: fairseq's own ``post_process`` with ``sentencepiece`` or
+``subword_nmt``; ``auto`` detects ``▁``/``@@``).
+
+Source length per line comes from ``--lengths FILE`` (one integer per line, as
+``fairseq-pe-s2l-split`` writes ``test.lengths``) or is computed from ``--source``: whitespace
+words (``--unit word``) or sentencepiece tokens (``--unit subword --spm-model M``).
+
+Output: one table (stdout and ``--out PREFIX.txt``), ``PREFIX.json`` and ``PREFIX.png`` (BLEU
+against length bucket, one line per system).  ``--tokenized-bleu`` adds the paper-comparable
+score: Moses tokenisation (sacremoses) of hypothesis and reference, compound splitting
+(``a-b`` → ``a ##AT##-##AT## b``, as fairseq's ``scripts/compound_split_bleu.sh``), then BLEU on
+those tokens (sacreBLEU with ``tokenize='none'``, i.e. ``multi-bleu.perl``).
+
+Nothing is dropped: a generate output with a missing or repeated hypothesis, a file whose line
+count differs from the source/reference, or a length outside every bucket is an error.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from typing import Dict, List, Optional, Sequence
+
+from fairseq_pe.bleu import (
+    Bucket,
+    GenerateOutputError,
+    bucket_label,
+    bucketed_bleu,
+    parse_buckets,
+    read_generate_output,
+)
+
+
+def read_lines(path: str) -> List[str]:
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def undo_segmentation(lines: Sequence[str], mode: str) -> List[str]:
+    """Undo ``sentencepiece`` / ``subword_nmt`` segmentation with fairseq's ``post_process``."""
+    from fairseq.data.data_utils import post_process
+
+    if mode == "auto":
+        if any("\u2581" in s for s in lines):
+            mode = "sentencepiece"
+        elif any("@@ " in s or s.endswith("@@") for s in lines):
+            mode = "subword_nmt"
+        else:
+            return list(lines)
+    if mode == "none":
+        return list(lines)
+    return [post_process(s, mode) for s in lines]
+
+
+def compound_split_tokens(lines: Sequence[str], lang: str) -> List[str]:
+    """Moses tokenisation then fairseq's compound splitting (``scripts/compound_split_bleu.sh``)."""
+    from sacremoses import MosesTokenizer
+
+    tok = MosesTokenizer(lang=lang)
+    out = []
+    for s in lines:
+        t = tok.tokenize(s, return_str=True, escape=False)
+        out.append(re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", t))
+    return out
+
+
+def source_lengths(args, n_expected: int) -> List[int]:
+    if args.lengths:
+        lengths = [int(x) for x in read_lines(args.lengths) if x.strip() != ""]
+        origin = f"--lengths {args.lengths}"
+    elif args.source:
+        sources = read_lines(args.source)
+        origin = f"--source {args.source}"
+        if args.unit == "word":
+            lengths = [len(s.split()) for s in sources]
+        else:
+            if not args.spm_model:
+                raise SystemExit("--unit subword needs --spm-model (or give --lengths, or --unit word)")
+            import sentencepiece as spm
+
+            sp = spm.SentencePieceProcessor(model_file=args.spm_model)
+            lengths = [len(p) for p in sp.encode(sources, out_type=str)]
+    else:
+        raise SystemExit("give --source (lengths computed from it) or --lengths FILE")
+    if len(lengths) != n_expected:
+        raise SystemExit(f"{origin} has {len(lengths)} lines but --reference {args.reference} has {n_expected}")
+    return lengths
+
+
+def system_hypotheses(name: str, path: str, args, n_expected: int) -> List[str]:
+    if not os.path.isfile(path):
+        raise SystemExit(f"--system {name}={path}: no such file")
+    if args.plain:
+        hyps = read_lines(path)
+        if len(hyps) != n_expected:
+            raise SystemExit(f"--system {name}={path} has {len(hyps)} lines but --reference {args.reference} "
+                             f"has {n_expected}: the files must be line-aligned")
+    else:
+        try:
+            hyps = [s.hypothesis for s in read_generate_output(path, expected=n_expected,
+                                                               detokenized=args.hyp_tag == "D")]
+        except GenerateOutputError as e:
+            raise SystemExit(f"--system {name}: {e}")
+    return undo_segmentation(hyps, args.segmentation)
+
+
+def score_systems(systems: Dict[str, List[str]], refs: Sequence[str], lengths: Sequence[int],
+                  buckets: Sequence[Bucket], tokenized_lang: Optional[str] = None) -> Dict[str, Dict[str, dict]]:
+    """``{system: {bucket: {"bleu", "n"[, "tok_bleu"]}, "all": ..., "signature": ...}}``."""
+    results = {}
+    tok_refs = compound_split_tokens(refs, tokenized_lang) if tokenized_lang else None
+    for name, hyps in systems.items():
+        res = bucketed_bleu(hyps, refs, lengths, buckets)
+        if tokenized_lang:
+            tok = bucketed_bleu(compound_split_tokens(hyps, tokenized_lang), tok_refs, lengths, buckets,
+                                tokenize="none")
+            for key, val in tok.items():
+                if key != "signature":
+                    res[key]["tok_bleu"] = val["bleu"]
+            res["tok_signature"] = tok["signature"] + " (Moses-tokenised, compound-split)"
+        results[name] = res
+    return results
+
+
+def format_table(results: Dict[str, Dict[str, dict]], buckets: Sequence[Bucket], title: str,
+                 extras: Sequence[str] = (), key: str = "bleu") -> str:
+    """One row per system: the buckets, ``all``, then one column per extra test set (its overall score)."""
+    labels = [bucket_label(b) for b in buckets] + ["all"] + list(extras)
+    first = next(iter(results.values()))
+    head = ["encoding"] + [f"{lab} (n={first[lab]['n']})" for lab in labels]
+
+    def cell(res, lab):
+        v = res[lab].get(key, math.nan)
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "-"
+        return f"{v:.2f}" if key == "ratio" else f"{v:.1f}"
+
+    rows = [[name] + [cell(res, lab) for lab in labels] for name, res in results.items()]
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    sig = {"bleu": first["signature"], "tok_bleu": first.get("tok_signature", ""),
+           "ratio": "hypothesis length / reference length (sacreBLEU tokens); < 1 stops early, > 1 runs on"}[key]
+    return "\n".join([title, line(head), sep] + [line(r) for r in rows] + ["", sig])
+
+
+def plot(results: Dict[str, Dict[str, dict]], buckets: Sequence[Bucket], path: str, title: str,
+         extras: Sequence[str] = (), xlabel: str = "source length"):
+    """BLEU against length bucket, one line per system; extra test sets as separate points on the right."""
+    import logging
+
+    import matplotlib
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's import turns on DEBUG logging
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [bucket_label(b) for b in buckets]
+    fig, ax = plt.subplots(figsize=(7.5 + 0.6 * len(extras), 4.5))
+    for name, res in results.items():
+        (ln,) = ax.plot(range(len(labels)), [res[lab]["bleu"] for lab in labels], marker="o", label=name)
+        if extras:
+            xs = [len(labels) + 0.5 + i for i in range(len(extras))]
+            ax.plot(xs, [res[e]["bleu"] for e in extras], marker="s", linestyle="none", color=ln.get_color())
+    ticks = list(range(len(labels))) + [len(labels) + 0.5 + i for i in range(len(extras))]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(labels + list(extras))
+    if extras:
+        ax.axvline(len(labels) - 0.25, color="grey", linewidth=0.8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("sacreBLEU")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(prefix: str, tables: Sequence[str], payload: dict, results, buckets, title: str, extras=(),
+                  xlabel: str = "source length"):
+    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+    with open(prefix + ".txt", "w", encoding="utf-8") as f:
+        f.write("\n\n".join(tables) + "\n")
+    with open(prefix + ".json", "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2)
+    plot(results, buckets, prefix + ".png", title, extras, xlabel)
+
+
+def get_parser():
+    p = argparse.ArgumentParser(prog="fairseq-pe-bucket-bleu", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--system", action="append", required=True, metavar="NAME=PATH",
+                   help="a system's fairseq-generate output (or hypothesis file with --plain); repeat for several")
+    p.add_argument("--reference", required=True, help="raw reference text, one line per test sentence")
+    p.add_argument("--source", help="raw source text (lengths are computed from it unless --lengths)")
+    p.add_argument("--lengths", help="source length of each test line (e.g. test.lengths of fairseq-pe-s2l-split)")
+    p.add_argument("--unit", choices=["word", "subword"], default="word",
+                   help="length unit when computed from --source (subword needs --spm-model)")
+    p.add_argument("--spm-model", help="sentencepiece model for --unit subword")
+    p.add_argument("--buckets", type=parse_buckets, default=parse_buckets("80,100,120,140+"),
+                   help="bucket boundaries, a trailing + makes the last open (default 80,100,120,140+)")
+    p.add_argument("--plain", action="store_true", help="--system files are plain hypothesis files")
+    p.add_argument("--hyp-tag", choices=["D", "H"], default="D", help="which fairseq-generate lines to read")
+    p.add_argument("--segmentation", choices=["auto", "sentencepiece", "subword_nmt", "none"], default="auto",
+                   help="subword segmentation to undo in the hypotheses")
+    p.add_argument("--tokenized-bleu", metavar="LANG",
+                   help="also report Moses-tokenised, compound-split BLEU (paper-comparable) for target LANG")
+    p.add_argument("--title", default="sacreBLEU per source-length bucket")
+    p.add_argument("--out", help="write PREFIX.txt, PREFIX.json and PREFIX.png")
+    return p
+
+
+def main(argv: Optional[List[str]] = None):
+    args = get_parser().parse_args(argv)
+    systems = {}
+    for spec in args.system:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise SystemExit(f"--system {spec!r}: use NAME=PATH")
+        if name in systems:
+            raise SystemExit(f"--system {name}: given twice")
+        systems[name] = path
+    refs = read_lines(args.reference)
+    if args.source and len(read_lines(args.source)) != len(refs):
+        raise SystemExit(f"--source {args.source} has {len(read_lines(args.source))} lines but --reference "
+                         f"{args.reference} has {len(refs)}: the files must be line-aligned")
+    lengths = source_lengths(args, len(refs))
+    hyps = {name: system_hypotheses(name, path, args, len(refs)) for name, path in systems.items()}
+    try:
+        results = score_systems(hyps, refs, lengths, args.buckets, args.tokenized_bleu)
+    except GenerateOutputError as e:
+        raise SystemExit(str(e))
+    unit = args.unit if not args.lengths else "as in " + os.path.basename(args.lengths)
+    tables = [format_table(results, args.buckets, args.title)]
+    if args.tokenized_bleu:
+        tables.append(format_table(results, args.buckets, "tokenised, compound-split BLEU", key="tok_bleu"))
+    tables.append(format_table(results, args.buckets, "length ratio", key="ratio"))
+    print("\n\n".join(tables))
+    if args.out:
+        payload = {"buckets": [bucket_label(b) for b in args.buckets], "length_unit": unit,
+                   "systems": results, "files": systems, "reference": args.reference}
+        write_outputs(args.out, tables, payload, results, args.buckets, args.title, xlabel=f"source length ({unit})")
+        print(f"wrote {args.out}.txt, {args.out}.json and {args.out}.png", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Corpus preparation (WMT14 download, cleaning, sentencepiece, binarisation)."""

@@ -1,0 +1,109 @@
+"""``fairseq-pe-bucket-bleu`` on handmade generate output: per-bucket sacreBLEU, segmentation, errors."""
+
+import json
+import re
+
+import pytest
+import sacrebleu
+
+from helpers import cli
+
+SOURCES = ["Das ist gut .", "Ein sehr langer Satz mit vielen Wörtern hier", "Kurz", "Noch ein langer Satz mit Wörtern"]
+REFS = ["This is good.", "A very long sentence with many words here", "Short", "Another long well-known sentence with words"]
+HYPS = ["This is good.", "A very long sentence with lots of words", "Brief", "Another long well-known phrase with words"]
+
+
+def pieces(text):
+    """sentencepiece-style pieces, as fairseq-generate writes H- lines without --post-process."""
+    return " ".join("\u2581" + w for w in text.split())
+
+
+def write_generate(path, hyps, ids=None, tag_text=pieces):
+    ids = list(range(len(hyps))) if ids is None else ids
+    lines = []
+    for i in ids:
+        lines += [f"S-{i}\t{pieces(SOURCES[i])}", f"T-{i}\t{pieces(REFS[i])}",
+                  f"H-{i}\t-0.3\t{tag_text(hyps[i])}", f"D-{i}\t-0.3\t{tag_text(hyps[i])}", f"P-{i}\t-0.1 -0.2"]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "src").write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    (tmp_path / "ref").write_text("\n".join(REFS) + "\n", encoding="utf-8")
+    return tmp_path
+
+
+def bucket_bleu(files, *extra, check=True):
+    return cli("fairseq-pe-bucket-bleu", "--source", str(files / "src"), "--reference", str(files / "ref"),
+               "--unit", "word", "--buckets", "1,5,100", *extra, check=check)
+
+
+def test_per_bucket_scores_equal_sacrebleu_for_several_systems(files):
+    gen_a = write_generate(files / "a.txt", HYPS)
+    gen_b = write_generate(files / "b.txt", REFS)  # a perfect system
+    out = str(files / "res")
+    run = bucket_bleu(files, "--system", f"sys-a={gen_a}", "--system", f"perfect={gen_b}", "--out", out)
+    res = json.loads(open(out + ".json").read())
+    short, long = [0, 2], [1, 3]  # 4, 1 words vs 9, 6 words
+    expect = lambda idx: sacrebleu.corpus_bleu([HYPS[i] for i in idx], [[REFS[i] for i in idx]]).score  # noqa
+    assert res["systems"]["sys-a"]["[1,5)"]["bleu"] == pytest.approx(expect(short))
+    assert res["systems"]["sys-a"]["[5,100)"]["bleu"] == pytest.approx(expect(long))
+    assert res["systems"]["sys-a"]["[1,5)"]["n"] == res["systems"]["sys-a"]["[5,100)"]["n"] == 2
+    short_score = sacrebleu.corpus_bleu([HYPS[i] for i in short], [[REFS[i] for i in short]])
+    assert (short_score.sys_len, short_score.ref_len) == (5, 5)  # "This is good." 4 tokens, "Brief" 1
+    assert res["systems"]["sys-a"]["[1,5)"]["ratio"] == pytest.approx(1.0)
+    assert res["systems"]["sys-a"]["all"]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(HYPS, [REFS]).score)
+    assert res["systems"]["perfect"]["all"]["bleu"] == pytest.approx(100.0)
+    assert re.search(r"\| sys-a +\| [\d.]+ +\| [\d.]+ +\| [\d.]+ +\|", run.stdout)
+    assert "nrefs:1|case:mixed|eff:no|tok:13a" in run.stdout
+    assert re.search(r"length ratio\n.*\n.*\n\| sys-a +\| 1.00 +\|", run.stdout)
+    assert open(out + ".png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert "perfect" in open(out + ".txt").read()
+
+
+def test_plain_hypotheses_and_tokenized_compound_split_bleu(files):
+    (files / "hyp").write_text("\n".join(HYPS) + "\n", encoding="utf-8")
+    out = str(files / "res")
+    bucket_bleu(files, "--plain", "--system", f"plain={files / 'hyp'}", "--tokenized-bleu", "en", "--out", out)
+    res = json.loads(open(out + ".json").read())["systems"]["plain"]
+    from sacremoses import MosesTokenizer
+
+    tok = MosesTokenizer(lang="en")
+    split = lambda s: re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", tok.tokenize(s, return_str=True, escape=False))  # noqa
+    expected = sacrebleu.corpus_bleu([split(h) for h in HYPS], [[split(r) for r in REFS]], tokenize="none").score
+    assert "##AT##-##AT##" in split(REFS[3])
+    assert res["all"]["tok_bleu"] == pytest.approx(expected)
+    assert res["all"]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(HYPS, [REFS]).score)
+
+
+def test_lengths_file_and_subword_segmentation_undone(files):
+    gen = write_generate(files / "a.txt", HYPS)
+    (files / "lengths").write_text("85\n130\n81\n150\n")
+    out = str(files / "res")
+    cli("fairseq-pe-bucket-bleu", "--reference", str(files / "ref"), "--lengths", str(files / "lengths"),
+        "--system", f"a={gen}", "--out", out)
+    res = json.loads(open(out + ".json").read())["systems"]["a"]
+    assert [res[b]["n"] for b in ("[80,100)", "[100,120)", "[120,140)", "[140,inf)")] == [2, 0, 1, 1]
+    assert res["[80,100)"]["bleu"] == pytest.approx(
+        sacrebleu.corpus_bleu([HYPS[0], HYPS[2]], [[REFS[0], REFS[2]]]).score)  # "▁" pieces were joined back
+
+
+def test_missing_and_duplicate_hypotheses_are_refused(files):
+    missing = write_generate(files / "m.txt", HYPS, ids=[0, 1, 3])
+    run = bucket_bleu(files, "--system", f"m={missing}", check=False)
+    assert run.returncode != 0 and "no D- hypothesis for 1 sentence(s), e.g. ids [2]" in run.stderr
+    dup = write_generate(files / "d.txt", HYPS, ids=[0, 1, 2, 3, 1])
+    run = bucket_bleu(files, "--system", f"d={dup}", check=False)
+    assert run.returncode != 0 and "appears twice" in run.stderr
+
+
+def test_files_of_different_lengths_are_refused(files):
+    (files / "hyp").write_text("\n".join(HYPS[:3]) + "\n", encoding="utf-8")
+    run = bucket_bleu(files, "--plain", "--system", f"p={files / 'hyp'}", check=False)
+    assert run.returncode != 0 and "has 3 lines but --reference" in run.stderr
+    (files / "hyp").write_text("\n".join(HYPS) + "\n", encoding="utf-8")
+    (files / "src").write_text("\n".join(SOURCES[:2]) + "\n", encoding="utf-8")
+    run = bucket_bleu(files, "--plain", "--system", f"p={files / 'hyp'}", check=False)
+    assert run.returncode != 0 and "--source" in run.stderr and "line-aligned" in run.stderr

@@ -1,0 +1,46 @@
+"""Smoke test of the real-data S2L recipe (scripts/recipes/s2l-cpu-en-de.sh) with a handful of updates."""
+
+import json
+import os
+
+import pytest
+
+from helpers import REPO, SHARED_DATA, cli
+
+BASE = os.path.join(SHARED_DATA, "mt", "en-de")
+
+
+def take(src_prefix, n, dest_prefix):
+    for lang in ("en", "de"):
+        with open(f"{src_prefix}.{lang}", encoding="utf-8") as f:
+            lines = f.read().splitlines()[:n]
+        with open(f"{dest_prefix}.{lang}", "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+@pytest.mark.skipif(not os.path.isdir(BASE), reason="../shared/data is not available")
+def test_s2l_cpu_recipe_smoke(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    take(os.path.join(BASE, "tatoeba", "tatoeba-v2021-08-07"), 500, str(data / "tatoeba"))
+    take(os.path.join(BASE, "wmt", "newstest2020.de-en"), 150, str(data / "news2020"))
+    take(os.path.join(BASE, "iwslt14", "IWSLT14.TED.tst2010"), 9, str(tmp_path / "ted"))
+    work = tmp_path / "work"
+    env = dict(DATA=str(data), SPM_VOCAB="600", VALID_SIZE="20", SHORT_TEST_SIZE="8", MAX_UPDATE="4",
+               MAX_TOKENS="1000", WARMUP="2", SYSTEMS="ape-sinusoidal floater")
+    out = cli("env", *[f"{k}={v}" for k, v in env.items()], "bash",
+              os.path.join(REPO, "scripts", "recipes", "s2l-cpu-en-de.sh"), str(work),
+              "--extra-test", f"ted={tmp_path / 'ted.en'},{tmp_path / 'ted.de'}", "--beam", "1",
+              "--progress-seconds", "0")
+    stats = json.loads((work / "split" / "stats.json").read_text())
+    assert stats["test_short"] == 8 and stats["valid"] == 20 and stats["threshold"] == 80
+    res = json.loads((work / "runs" / "results.json").read_text())
+    assert res["buckets"] == ["[80,100)", "[100,120)", "[120,140)", "[140,inf)"]
+    for name in ("ape-sinusoidal", "floater"):
+        row = res["systems"][name]
+        assert [row[b]["n"] for b in res["buckets"]] == list(stats["test_bins"].values())
+        assert row["all"]["n"] == stats["test"]
+        assert row["short"]["n"] == 8 and row["ted"]["n"] == 9  # held-back short set and the extra corpus
+    assert "update 1/4" in out.stdout and "update 4/4" in out.stdout  # progress during and after training
+    assert "| floater " in out.stdout and "ted (n=9)" in out.stdout
+    assert (work / "runs" / "results.png").read_bytes()[:4] == b"\x89PNG"

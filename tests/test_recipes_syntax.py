@@ -1,0 +1,257 @@
+"""The GPU recipes of scripts/recipes/: valid bash, and DRY_RUN=1 prints the commands they would run.
+
+DRY_RUN must work without data, GPUs or any tool but bash and python, so the recipes run here with
+a PATH holding only those two, and must leave no file behind.
+"""
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPES = os.path.join(REPO, "scripts", "recipes")
+FLOATER_RECIPES = ["floater-table2.sh", "floater-figure2-s2l.sh", "floater-table6.sh", "s2l-all-encodings.sh"]
+
+
+def all_shell_files():
+    return sorted(f for f in os.listdir(RECIPES) if f.endswith(".sh"))
+
+
+@pytest.fixture(scope="module")
+def bare_path(tmp_path_factory):
+    """A PATH with bash and python only."""
+    d = tmp_path_factory.mktemp("bin")
+    os.symlink(shutil.which("bash"), d / "bash")
+    os.symlink(sys.executable, d / "python")
+    return str(d)
+
+
+def dry_run(recipe, tmp_path, bare_path, *args, **env):
+    data, out, cwd = tmp_path / "data", tmp_path / "out", tmp_path / "cwd"
+    cwd.mkdir(parents=True, exist_ok=True)
+    full_env = {"PATH": bare_path, "HOME": os.environ.get("HOME", str(tmp_path)), "DRY_RUN": "1",
+                "DATA_ROOT": str(data), "OUT_ROOT": str(out)}
+    full_env.update(env)
+    proc = subprocess.run(["bash", os.path.join(RECIPES, recipe), *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, f"{recipe} {args}: exit {proc.returncode}\n{proc.stderr}\n{proc.stdout}"
+    assert not data.exists() and not out.exists() and not any(cwd.iterdir()), "DRY_RUN wrote files"
+    commands = [line[2:] for line in proc.stdout.splitlines() if line.startswith("+ ")]
+    for c in commands:
+        shlex.split(c)  # every printed command is valid shell
+    return proc.stdout, commands
+
+
+def train_lines(commands):
+    return [c for c in commands if c.startswith("fairseq-train ")]
+
+
+def flags_of(command):
+    """The --pe-* flags of one fairseq-train command, as one string."""
+    words = shlex.split(command.split(" 2>&1 | tee")[0])
+    pe, i = [], 0
+    while i < len(words):
+        if words[i].startswith("--pe-"):
+            pe.append(words[i])
+            if i + 1 < len(words) and not words[i + 1].startswith("--"):
+                pe.append(words[i + 1])
+                i += 1
+        i += 1
+    return " ".join(pe)
+
+
+def save_dir(command):
+    return os.path.basename(shlex.split(command.split(" 2>&1 | tee")[0])[-1])
+
+
+@pytest.mark.parametrize("name", all_shell_files())
+def test_bash_syntax(name):
+    proc = subprocess.run(["bash", "-n", os.path.join(RECIPES, name)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("name", FLOATER_RECIPES)
+def test_header_and_strict_mode(name):
+    text = open(os.path.join(RECIPES, name), encoding="utf-8").read()
+    assert text.startswith("#!/usr/bin/env bash\n")
+    assert "set -euo pipefail" in text
+    assert "Expected GPU time" in text and "ESTIMATE" in text
+    assert "Usage:" in text and "DRY_RUN=1" in text
+    assert os.access(os.path.join(RECIPES, name), os.X_OK)
+
+
+COMMON_TRAIN = ["--user-dir", "--share-all-embeddings", "--adam-betas '(0.9, 0.98)'", "--optimizer adam",
+                "--label-smoothing 0.1", "--criterion label_smoothed_cross_entropy",
+                "--max-tokens 4096", "--update-freq 8", "--fp16", "--keep-interval-updates 10",
+                "--save-interval-updates 2000"]
+
+
+def test_table2_base_en_de(tmp_path, bare_path):
+    out, cmds = dry_run("floater-table2.sh", tmp_path, bare_path)
+    assert cmds[0].startswith("fairseq-pe-prepare-wmt14 --pair en-de --workdir ")
+    trains = train_lines(cmds)
+    runs = {save_dir(c): c for c in trains}
+    assert set(runs) == {"ape-sinusoidal", "ape-sinusoidal-all", "ape-learned", "ape-learned-all", "floater-input",
+                         "floater", "floater-ws", "ape-sinusoidal-cont"}
+    assert flags_of(runs["ape-sinusoidal"]) == "--pe-absolute sinusoidal"
+    assert flags_of(runs["ape-sinusoidal-all"]) == "--pe-absolute sinusoidal --pe-all-blocks"
+    assert flags_of(runs["ape-learned-all"]) == "--pe-absolute learned --pe-all-blocks"
+    assert flags_of(runs["floater-input"]) == "--pe-absolute floater"
+    assert flags_of(runs["floater"]) == "--pe-absolute floater --pe-all-blocks"
+    assert flags_of(runs["floater-ws"]) == "--pe-absolute sinusoidal --pe-floater-bias"
+    for c in trains:
+        assert "--arch transformer_pe_wmt_en_de " in c and "--dropout 0.1 " in c
+        for flag in COMMON_TRAIN:
+            assert flag in c, (flag, c)
+    for name in ("ape-sinusoidal", "ape-sinusoidal-all", "ape-learned", "ape-learned-all", "floater-input", "floater"):
+        for flag in ("--max-update 100000 ", "--lr 0.0007 ", "--lr-scheduler inverse_sqrt ", "--warmup-updates 4000 ",
+                     "--warmup-init-lr 1e-07"):
+            assert flag in runs[name], (flag, name)
+    # the warm start: convert the sinusoidal model after its training, fine-tune the converted checkpoint
+    i_sin = cmds.index(runs["ape-sinusoidal"])
+    i_conv = next(i for i, c in enumerate(cmds) if c.startswith("fairseq-pe-warm-start-floater "))
+    i_ft = cmds.index(runs["floater-ws"])
+    assert i_sin < i_conv < i_ft
+    assert "/ape-sinusoidal/checkpoint_last.pt " in cmds[i_conv]
+    assert re.search(r"--finetune-from-model \S+/floater-ws/floater_init\.pt ", runs["floater-ws"])
+    assert re.search(r"--finetune-from-model \S+/ape-sinusoidal/checkpoint_last\.pt ", runs["ape-sinusoidal-cont"])
+    for name in ("floater-ws", "ape-sinusoidal-cont"):
+        assert "--max-update 20000 " in runs[name] and "--lr-scheduler fixed" in runs[name]
+        assert "--lr 0.00014 " in runs[name]  # 7e-4 · sqrt(4000 / 100000): where the pre-training ended
+    # averaging (5 checkpoints for base) and decoding every system, then one score table
+    averages = [c for c in cmds if "average_checkpoints" in c]
+    assert len(averages) == 8 and all("--num-update-checkpoints 5 " in c for c in averages)
+    gens = [c for c in cmds if c.startswith("fairseq-generate ")]
+    assert len(gens) == 8
+    for c in gens:
+        for flag in ("--beam 4 ", "--lenpen 0.6 ", "--required-batch-size-multiple 1 ",
+                     "--post-process sentencepiece", "--gen-subset test ", "checkpoint.avg5.pt "):
+            assert flag in c, (flag, c)
+    bleu = [c for c in cmds if c.startswith("fairseq-pe-bucket-bleu ")]
+    assert len(bleu) == 1
+    assert bleu[0].count("--system ") == 8 and "--tokenized-bleu de " in bleu[0]
+    assert "/wmt14-en-de/raw/test.en " in bleu[0] and "/wmt14-en-de/raw/test.de " in bleu[0]
+    # the paper's numbers for this column
+    assert "28.6" in out and "27.9" in out and "26.9" in out
+
+
+@pytest.mark.parametrize("pair,arch,dropout", [("en-de", "transformer_pe_vaswani_wmt_en_de_big", "0.3"),
+                                               ("en-fr", "transformer_pe_vaswani_wmt_en_fr_big", "0.1")])
+def test_table2_big(tmp_path, bare_path, pair, arch, dropout):
+    out, cmds = dry_run("floater-table2.sh", tmp_path, bare_path, pair, "big", NUM_GPUS="8")
+    assert cmds[0].startswith(f"fairseq-pe-prepare-wmt14 --pair {pair} ")
+    tgt = pair.split("-")[1]
+    for c in train_lines(cmds):
+        assert f"--arch {arch} " in c and f"--dropout {dropout} " in c and f"--target-lang {tgt} " in c
+        assert "--update-freq 1 " in c  # 8 GPUs × 4096 tokens
+    assert "--max-update 300000 " in train_lines(cmds)[0] and "--lr 0.0005 " in train_lines(cmds)[0]
+    assert all("--num-update-checkpoints 10 " in c for c in cmds if "average_checkpoints" in c)
+    paper = {("en-de"): "29.2", ("en-fr"): "42.7"}[pair]
+    assert paper in out
+
+
+def test_table2_subset_and_errors(tmp_path, bare_path):
+    _, cmds = dry_run("floater-table2.sh", tmp_path, bare_path, SYSTEMS="floater-ws")
+    # the warm start needs the sinusoidal model: it is trained, but only floater-ws is decoded
+    assert [save_dir(c) for c in train_lines(cmds)] == ["ape-sinusoidal", "floater-ws"]
+    assert [c for c in cmds if c.startswith("fairseq-pe-bucket-bleu ")][0].count("--system ") == 1
+    for args in (["de-en"], ["en-de", "huge"]):
+        proc = subprocess.run(["bash", os.path.join(RECIPES, "floater-table2.sh"), *args], capture_output=True,
+                              text=True, env={"PATH": bare_path, "DRY_RUN": "1", "DATA_ROOT": str(tmp_path / "d"),
+                                              "OUT_ROOT": str(tmp_path / "o")}, cwd=tmp_path, timeout=60)
+        assert proc.returncode != 0 and "error" in proc.stderr
+
+
+def test_figure2_s2l(tmp_path, bare_path):
+    out, cmds = dry_run("floater-figure2-s2l.sh", tmp_path, bare_path)
+    data = str(tmp_path / "data")
+    assert cmds[0].startswith("fairseq-pe-prepare-wmt14 --pair en-de ")
+    split = [c for c in cmds if c.startswith("fairseq-pe-s2l-split ")]
+    assert len(split) == 1
+    for flag in (f"--corpus {data}/wmt14-en-de/raw/train ", f"--spm-model {data}/wmt14-en-de/spm/spm.model ",
+                 "--binarize", "--threshold 80 ", "--bins 80,100,120,140+ ", "--unit subword ",
+                 "--source-lang en --target-lang de "):
+        assert flag in split[0], flag
+    runs = {save_dir(c): c for c in train_lines(cmds)}
+    assert set(runs) == {"ape-sinusoidal", "ape-learned", "floater", "floater-ws", "ape-sinusoidal-cont"}
+    assert all(f" {data}/s2l-en-de/data-bin " in c for c in runs.values())
+    assert any(c.startswith("fairseq-pe-warm-start-floater ") for c in cmds)
+    bleu = [c for c in cmds if c.startswith("fairseq-pe-bucket-bleu ")][0]
+    assert "--buckets 80,100,120,140+ " in bleu and f"--source {data}/s2l-en-de/test.en " in bleu
+    assert bleu.count("--system ") == 5
+    assert "/s2l-en-de/base/results/figure2" in bleu
+
+
+TABLE6 = {
+    "floater": "--pe-absolute floater --pe-all-blocks",
+    "rnn1-scalar": "--pe-floater-dynamics rnn --pe-floater-rnn-input scalar --pe-floater-rnn-layers 1",
+    "rnn2-scalar": "--pe-floater-dynamics rnn --pe-floater-rnn-input scalar --pe-floater-rnn-layers 2",
+    "rnn1-vector": "--pe-floater-dynamics rnn --pe-floater-rnn-input vector --pe-floater-rnn-layers 1",
+    "lstm1-scalar": "--pe-floater-dynamics lstm --pe-floater-rnn-input scalar --pe-floater-rnn-layers 1",
+    "gru1-scalar": "--pe-floater-dynamics gru --pe-floater-rnn-input scalar --pe-floater-rnn-layers 1",
+    "lstm2-scalar": "--pe-floater-dynamics lstm --pe-floater-rnn-input scalar --pe-floater-rnn-layers 2",
+    "gru2-scalar": "--pe-floater-dynamics gru --pe-floater-rnn-input scalar --pe-floater-rnn-layers 2",
+}
+
+
+def test_table6(tmp_path, bare_path):
+    out, cmds = dry_run("floater-table6.sh", tmp_path, bare_path)
+    runs = {save_dir(c): c for c in train_lines(cmds)}
+    assert set(runs) == set(TABLE6)
+    for name, flags in TABLE6.items():
+        expected = "--pe-absolute floater --pe-all-blocks" + ("" if name == "floater" else " " + flags)
+        assert flags_of(runs[name]) == expected, name
+        assert "--arch transformer_pe_wmt_en_de " in runs[name] and "/wmt14-en-de/base/" in runs[name]
+    bleu = [c for c in cmds if c.startswith("fairseq-pe-bucket-bleu ")][0]
+    assert bleu.count("--system ") == 8
+    for value in ("28.57", "526.3K", "26.21", "1580.0K"):
+        assert value in open(os.path.join(RECIPES, "floater-table6.sh"), encoding="utf-8").read()
+
+
+S2L_ALL = {
+    "none": "--pe-absolute none",
+    "ape-learned": "--pe-absolute learned",
+    "ape-sinusoidal": "--pe-absolute sinusoidal",
+    "ape-learnable-sin": "--pe-absolute learnable-sinusoidal",
+    "rpe-learned": "--pe-absolute none --pe-relative learned",
+    "rpe-sinusoidal": "--pe-absolute none --pe-relative sinusoidal",
+    "rpe-learnable-sin": "--pe-absolute none --pe-relative learnable-sinusoidal",
+    "ape+rpe-learnable-sin": "--pe-absolute learnable-sinusoidal --pe-relative learnable-sinusoidal",
+    "rope": "--pe-absolute none --pe-relative rope",
+    "alibi": "--pe-absolute none --pe-relative alibi",
+    "t5": "--pe-absolute none --pe-relative t5",
+    "floater": "--pe-absolute floater --pe-all-blocks",
+    "floater-bias": "--pe-absolute sinusoidal --pe-floater-bias",
+    "floater-ws": "--pe-absolute sinusoidal --pe-floater-bias",
+    "ape-sinusoidal-cont": "--pe-absolute sinusoidal",
+}
+
+
+def test_s2l_all_encodings(tmp_path, bare_path):
+    out, cmds = dry_run("s2l-all-encodings.sh", tmp_path, bare_path)
+    runs = {save_dir(c): c for c in train_lines(cmds)}
+    assert set(runs) == set(S2L_ALL)
+    for name, flags in S2L_ALL.items():
+        assert flags_of(runs[name]) == flags, name
+    bleu = [c for c in cmds if c.startswith("fairseq-pe-bucket-bleu ")][0]
+    systems = re.findall(r"--system (\S+?)=", bleu)
+    assert systems == list(S2L_ALL)
+    assert "--buckets 80,100,120,140+ " in bleu and "/s2l-en-de/base/results/s2l-all" in bleu
+
+
+def test_shared_runs_have_the_same_flags(tmp_path, bare_path):
+    """A run directory used by two recipes must be trained with the same flags by both."""
+    seen = {}
+    for recipe in FLOATER_RECIPES:
+        _, cmds = dry_run(recipe, tmp_path / recipe, bare_path)
+        for c in train_lines(cmds):
+            d = shlex.split(c.split(" 2>&1 | tee")[0])[-1]
+            d = d.split(str(tmp_path / recipe / "out"))[-1]
+            without_paths = re.sub(r"\S*/(data|out)/\S*", "PATH", c)
+            assert seen.setdefault(d, without_paths) == without_paths, (recipe, d)
+    assert "/wmt14-en-de/base/floater" in seen and "/s2l-en-de/base/ape-sinusoidal" in seen
