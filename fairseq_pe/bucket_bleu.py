@@ -154,7 +154,8 @@ def format_table(results: Dict[str, Dict[str, dict]], buckets: Sequence[Bucket],
 
 def plot(results: Dict[str, Dict[str, dict]], buckets: Sequence[Bucket], path: str, title: str,
          extras: Sequence[str] = (), xlabel: str = "source length"):
-    """BLEU against length bucket, one line per system; extra test sets as separate points on the right."""
+    """Two panels against length bucket, one line per system: sacreBLEU, and the length ratio
+    (hypothesis / reference).  Extra test sets are separate points on the right of each panel."""
     import logging
 
     import matplotlib
@@ -164,24 +165,29 @@ def plot(results: Dict[str, Dict[str, dict]], buckets: Sequence[Bucket], path: s
     import matplotlib.pyplot as plt
 
     labels = [bucket_label(b) for b in buckets]
-    fig, ax = plt.subplots(figsize=(7.5 + 0.6 * len(extras), 4.5))
-    for name, res in results.items():
-        (ln,) = ax.plot(range(len(labels)), [res[lab]["bleu"] for lab in labels], marker="o", label=name)
+    xs_extra = [len(labels) + 0.5 + i for i in range(len(extras))]
+    fig, axes = plt.subplots(1, 2, figsize=(13 + 0.8 * len(extras), 4.8))
+    for ax, key, ylabel in ((axes[0], "bleu", "sacreBLEU"), (axes[1], "ratio", "length ratio (hyp / ref)")):
+        for name, res in results.items():
+            (ln,) = ax.plot(range(len(labels)), [res[lab].get(key, math.nan) for lab in labels], marker="o",
+                            label=name)
+            if extras:
+                ax.plot(xs_extra, [res[e].get(key, math.nan) for e in extras], marker="s", linestyle="none",
+                        color=ln.get_color())
+        ax.set_xticks(list(range(len(labels))) + xs_extra)
+        ax.set_xticklabels(labels + list(extras))
         if extras:
-            xs = [len(labels) + 0.5 + i for i in range(len(extras))]
-            ax.plot(xs, [res[e]["bleu"] for e in extras], marker="s", linestyle="none", color=ln.get_color())
-    ticks = list(range(len(labels))) + [len(labels) + 0.5 + i for i in range(len(extras))]
-    ax.set_xticks(ticks)
-    ax.set_xticklabels(labels + list(extras))
-    if extras:
-        ax.axvline(len(labels) - 0.25, color="grey", linewidth=0.8)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("sacreBLEU")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
+            ax.axvline(len(labels) - 0.25, color="grey", linewidth=0.8)
+        if key == "ratio":
+            ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes[0].set_title(title)
+    axes[1].set_title("< 1: stops early, > 1: runs on")
+    axes[0].legend(fontsize=8, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 

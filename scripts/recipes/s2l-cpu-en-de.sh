@@ -18,7 +18,8 @@
 # JOBS (2 systems at a time), THREADS (1 torch thread each),
 # ARCH (transformer_pe_tiny), SYSTEMS (space-separated names of fairseq-pe-quickstart systems; default:
 # the 11 below; any NAME=FLAGS system can be given as a --systems argument instead).
-# Time on 2 CPU cores with the defaults: about 1 h 30 min (the README has the measured time).
+# Time on 2 CPU cores with the defaults: about 1.5-2 h (measured: 10 of the 11 systems in 2 h while
+# the cores were shared with other jobs; see the README).
 # A re-run reuses the split and every finished system (delete WORKDIR/runs/systems/NAME to redo one).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
