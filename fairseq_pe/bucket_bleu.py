@@ -79,15 +79,16 @@ def source_lengths(args, n_expected: int) -> List[int]:
     elif args.source:
         sources = read_lines(args.source)
         origin = f"--source {args.source}"
-        if args.unit == "word":
-            lengths = [len(s.split()) for s in sources]
-        else:
+        from fairseq_pe.s2l import source_lengths as measure
+
+        sp = None
+        if args.unit == "subword":
             if not args.spm_model:
                 raise SystemExit("--unit subword needs --spm-model (or give --lengths, or --unit word)")
             import sentencepiece as spm
 
             sp = spm.SentencePieceProcessor(model_file=args.spm_model)
-            lengths = [len(p) for p in sp.encode(sources, out_type=str)]
+        lengths = measure(sources, args.unit, sp)
     else:
         raise SystemExit("give --source (lengths computed from it) or --lengths FILE")
     if len(lengths) != n_expected:

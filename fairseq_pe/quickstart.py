@@ -269,12 +269,14 @@ def train_and_decode(args, data_bin: str, name: str, flags: List[str], tests: Di
 
 def test_lengths(args, sources: Sequence[str]) -> List[int]:
     """Source length of each test line in ``--length-unit``."""
+    from fairseq_pe.s2l import source_lengths
+
     if args.length_unit == "word":
-        return [len(s.split()) for s in sources]
+        return source_lengths(sources, "word")
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=os.path.join(args.workdir, "spm", "spm.model"))
-    return [len(p) for p in sp.encode(list(sources), out_type=str)]
+    return source_lengths(sources, "subword", sp)
 
 
 def score(args, raw: str, gen_outs: Dict[str, str]) -> Dict[str, dict]:
