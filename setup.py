@@ -20,6 +20,8 @@ setup(
         "rotary-embedding-torch>=0.8",
         "matplotlib>=3.5",
         "sacremoses>=0.0.53",
+        "scikit-learn>=1.0",  # GLUE metrics (accuracy, F1, Matthews correlation)
+        "scipy>=1.7",  # GLUE metrics (Pearson, Spearman)
         "numpy",
     ],
     extras_require={"test": ["pytest>=7"]},
@@ -30,6 +32,12 @@ setup(
             "fairseq-pe-prepare-wmt14 = fairseq_pe.data_prep.wmt14:main",
             "fairseq-pe-s2l-split = fairseq_pe.s2l:main",
             "fairseq-pe-bucket-bleu = fairseq_pe.bucket_bleu:main",
+            "fairseq-pe-prepare-squad = fairseq_pe.data_prep.squad:main",
+            "fairseq-pe-squad-predict = fairseq_pe.squad:main",
+            "fairseq-pe-prepare-mono = fairseq_pe.data_prep.mono:main",
+            "fairseq-pe-warm-start-roberta = fairseq_pe.warm_start_roberta:cli_main",
+            "fairseq-pe-prepare-glue = fairseq_pe.data_prep.glue:main",
+            "fairseq-pe-glue-eval = fairseq_pe.glue:main",
         ],
     },
 )

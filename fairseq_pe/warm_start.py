@@ -112,6 +112,20 @@ def convert_state_dict(old_state: dict, new_model, padding_idx: int, stock: bool
     return mapped
 
 
+def save_converted(state: dict, model, new_args, path: str):
+    """Write ``state`` (a fairseq checkpoint) with ``model``'s weights and ``new_args`` as its model
+    configuration; the optimizer state is dropped (the parameters changed)."""
+    out = dict(state)
+    out["model"] = model.state_dict()
+    if out.get("cfg") is not None and out["cfg"].get("model") is not None:
+        out["cfg"] = copy.copy(out["cfg"])
+        out["cfg"]["model"] = new_args
+    else:
+        out["args"] = new_args
+    out.pop("last_optimizer_state", None)
+    torch.save(out, path)
+
+
 def max_output_difference(original, converted, dictionary, seed: int = 0) -> float:
     """Largest |log-prob difference| of the two models on a random, left-padded batch."""
     g = torch.Generator().manual_seed(seed)
@@ -181,15 +195,7 @@ def main(argv=None):
         raise WarmStartError(f"the converted model differs from the original by {diff:.3g} > --tolerance "
                              f"{args.tolerance:g}; not writing {args.output}")
 
-    out = dict(state)
-    out["model"] = converted.state_dict()
-    if out.get("cfg") is not None and out["cfg"].get("model") is not None:
-        out["cfg"] = copy.copy(out["cfg"])
-        out["cfg"]["model"] = new_args
-    else:
-        out["args"] = new_args
-    out.pop("last_optimizer_state", None)  # the parameters changed; fine-tuning starts a new optimizer
-    torch.save(out, args.output)
+    save_converted(state, converted, new_args, args.output)
     n_new = sum(p.numel() for p in converted.floater.floater_parameters())
     old_arch = getattr(old_args, "arch", "transformer")
     arch = old_arch if old_arch.startswith("transformer_pe") else old_arch.replace("transformer", "transformer_pe", 1)

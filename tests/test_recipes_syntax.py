@@ -255,3 +255,58 @@ def test_shared_runs_have_the_same_flags(tmp_path, bare_path):
             without_paths = re.sub(r"\S*/(data|out)/\S*", "PATH", c)
             assert seen.setdefault(d, without_paths) == without_paths, (recipe, d)
     assert "/wmt14-en-de/base/floater" in seen and "/s2l-en-de/base/ape-sinusoidal" in seen
+
+
+# --------------------------------------------------------------------------------------------
+# BERT recipes (issue 6): Wang et al.'s schedule and the CPU-scale comparison
+
+
+def _value(command, flag):
+    words = shlex.split(command)
+    return words[words.index(flag) + 1] if flag in words else None
+
+
+@pytest.mark.parametrize("mode", ["medium", "base"])
+def test_bert_pretrain_recipe_follows_table_4(tmp_path, bare_path, mode):
+    _, commands = dry_run("bert-pretrain.sh", tmp_path, bare_path, "/data/text-bin", mode, NUM_GPUS="8")
+    mlm = [c for c in train_lines(commands) if "--task masked_lm" in c]
+    p128 = [c for c in mlm if "--tokens-per-sample 128" in c]
+    p512 = [c for c in mlm if "--tokens-per-sample 512" in c and "/p512" in c]
+    assert len(p128) == len(p512) == 9  # every system: 128 then 512
+    for c in mlm:
+        assert _value(c, "--max-positions") == "512" and _value(c, "--lr") == "5e-5"
+    for c in p512:
+        assert _value(c, "--restore-file").endswith("/p128/checkpoint_last.pt")
+        # batch 512 = 32 per GPU x 8 GPUs x update-freq 2
+        assert _value(c, "--update-freq") == "2" and _value(c, "--max-epoch") == "2"
+    batch_128 = {"medium": "1", "base": "1"}[mode]  # 128 / (32 x 8) and 64 / (32 x 8) round up to 1
+    assert all(_value(c, "--update-freq") == batch_128 for c in p128)
+    assert {_value(c, "--max-epoch") for c in p128} == {"10" if mode == "medium" else "5"}
+    assert {_value(c, "--arch") for c in mlm} == {"roberta_pe_medium" if mode == "medium" else "roberta_pe_base"}
+    glue = [c for c in train_lines(commands) if "sentence_prediction" in c]
+    squad = [c for c in train_lines(commands) if "--task span_prediction" in c]
+    assert len(glue) == 9 * 5 and len(squad) == 9
+    assert all(_value(c, "--lr") == "2e-5" and _value(c, "--max-epoch") == "3" for c in glue)
+    assert all(_value(c, "--lr") == "3e-5" for c in squad)
+    prep = [c for c in commands if c.startswith("fairseq-pe-prepare-squad")]
+    assert _value(prep[0], "--max-length") == "384"
+    if mode == "base":
+        warm = [c for c in commands if c.startswith("fairseq-pe-warm-start-roberta")]
+        assert len(warm) == 9
+        dyn = [c for c in mlm if "--pe-floater-freeze-body" in c]
+        assert len(dyn) == 1 and "--pe-floater-bias" in dyn[0]
+
+
+def test_bert_cpu_recipe_gives_every_encoding_the_same_budget(tmp_path, bare_path):
+    _, commands = dry_run("bert-cpu.sh", tmp_path, bare_path, OUT=str(tmp_path / "out"))
+    trains = train_lines(commands)
+    for task in ("masked_lm", "sentence_prediction", "span_prediction"):
+        runs = [c for c in trains if f"--task {task}" in c]
+        assert len(runs) == 4, task
+        budget = {(_value(c, "--max-update"), _value(c, "--seed"), _value(c, "--batch-size"), _value(c, "--lr"))
+                  for c in runs}
+        assert len(budget) == 1, budget
+        assert {flags_of(c) for c in runs} == {
+            "--pe-absolute learned", "--pe-absolute learnable-sinusoidal",
+            "--pe-absolute none --pe-relative learned", "--pe-absolute floater --pe-all-blocks"}
+    assert all("--tokens-per-sample 128" in c and "--max-positions 512" in c for c in trains if "masked_lm" in c)

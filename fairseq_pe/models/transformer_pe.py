@@ -20,8 +20,9 @@ from .options import add_position_encoding_args, position_encoding_defaults, val
 
 
 def build_position_injector(cfg, num_blocks: int, embed_dim: int, num_heads: int, padding_idx: int, side: str,
-                            cross_attention: bool = False):
-    """The ``embed_positions`` module of the encoder (``side="source"``) or decoder (``"target"``)."""
+                            cross_attention: bool = False, max_positions_flag: str = None):
+    """The ``embed_positions`` module of the encoder (``side="source"``) or decoder (``"target"``);
+    ``max_positions_flag`` is the option that sets the table length (named in errors)."""
     max_positions = cfg.max_source_positions if side == "source" else cfg.max_target_positions
     absolute = build_position_encoding(
         "absolute", cfg.pe_absolute,
@@ -29,7 +30,7 @@ def build_position_injector(cfg, num_blocks: int, embed_dim: int, num_heads: int
         num_blocks=num_blocks,
         all_blocks=cfg.pe_all_blocks,
         max_positions=max_positions,
-        max_positions_flag=f"--max-{side}-positions",
+        max_positions_flag=max_positions_flag or f"--max-{side}-positions",
         padding_idx=padding_idx,
     )
     relative = build_position_encoding(
@@ -45,10 +46,13 @@ def build_position_injector(cfg, num_blocks: int, embed_dim: int, num_heads: int
 
 
 class TransformerPEEncoder(TransformerEncoderBase):
+    max_positions_flag = "--max-source-positions"  # the option that sets a learned table's length
+
     def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
         self.embed_positions = build_position_injector(
-            cfg, len(self.layers), embed_tokens.embedding_dim, cfg.encoder.attention_heads, self.padding_idx, "source"
+            cfg, len(self.layers), embed_tokens.embedding_dim, cfg.encoder.attention_heads, self.padding_idx, "source",
+            max_positions_flag=self.max_positions_flag,
         )
         for block, layer in enumerate(self.layers, start=1):
             layer.attach_positions(self.embed_positions, block)

@@ -1,0 +1,241 @@
+"""Raw English text -> sentencepiece -> ``fairseq-preprocess --only-source``: data for masked-LM
+pretraining (``fairseq-train --task masked_lm --arch roberta_pe_*``).
+
+    fairseq-pe-prepare-mono --input ../shared/data/mono/en --destdir data-bin/mono_en --vocab-size 8000
+
+Inputs are text files (UTF-8, one segment or paragraph per line) or directories, searched
+recursively for ``*.txt`` and ``*.raw`` files.  Each file is one document: the output keeps an
+empty line between documents (what ``--sample-break-mode complete_doc`` splits on) and
+between paragraphs that were separated by empty lines.
+
+1. **split**: each paragraph (a run of non-empty lines) goes to valid when the md5 of its
+   text falls in the first ``--valid-percent`` percent, so duplicates land on the same side
+   and the split does not depend on file order;
+2. **sentencepiece**: a unigram model learned on the train split (``DEST/spm.model``), which
+   GLUE and SQuAD preparation reuse (``--spm-model``);
+3. **dictionary**: ``DEST/dict.txt`` lists *every* piece of the model, so text segmented
+   later by the same model never maps to ``<unk>``;
+4. **binarise**: ``fairseq-preprocess --only-source --srcdict DEST/dict.txt`` writes
+   ``DEST/{train,valid}.{bin,idx}``.
+
+No line is dropped or cut: every non-empty input line is in train or valid (counts printed).
+"""
+
+import argparse
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from typing import Iterator, List, Optional
+
+TEXT_SUFFIXES = (".txt", ".raw")
+PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class PrepError(Exception):
+    pass
+
+
+def log(msg: str) -> None:
+    print(f"[prepare-mono {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def input_files(inputs: List[str]) -> List[str]:
+    """The files named or found (sorted) under the directories named; an error for a missing path."""
+    files = []
+    for path in inputs:
+        if os.path.isfile(path):
+            files.append(path)
+        elif os.path.isdir(path):
+            found = sorted(os.path.join(root, name) for root, _, names in os.walk(path)
+                           for name in names if name.endswith(TEXT_SUFFIXES))
+            if not found:
+                raise PrepError(f"--input {path}: no {'/'.join(TEXT_SUFFIXES)} files in this directory")
+            files.extend(found)
+        else:
+            raise PrepError(f"--input {path}: no such file or directory")
+    return files
+
+
+def paragraphs(path: str) -> Iterator[List[str]]:
+    """Runs of non-empty lines of a file (stripped)."""
+    block = []
+    with open(path, encoding="utf-8", errors="strict") as f:
+        try:
+            for line in f:
+                line = line.strip()
+                if line:
+                    block.append(line)
+                elif block:
+                    yield block
+                    block = []
+        except UnicodeDecodeError as e:
+            raise PrepError(f"{path}: not UTF-8 ({e})") from None
+    if block:
+        yield block
+
+
+def in_valid(block: List[str], percent: float) -> bool:
+    digest = hashlib.md5("\n".join(block).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2 ** 64 * 100 < percent
+
+
+def split(files: List[str], destdir: str, valid_percent: float) -> dict:
+    """Step 1: ``DEST/raw/{train,valid}.txt``; an empty line between paragraphs and documents."""
+    raw = os.path.join(destdir, "raw")
+    os.makedirs(raw, exist_ok=True)
+    counts = {"train": [0, 0], "valid": [0, 0]}  # paragraphs, lines
+    outs = {s: open(os.path.join(raw, f"{s}.txt"), "w", encoding="utf-8") for s in counts}
+    try:
+        for path in files:
+            for block in paragraphs(path):
+                name = "valid" if in_valid(block, valid_percent) else "train"
+                out = outs[name]
+                if counts[name][0]:
+                    out.write("\n")  # paragraph / document boundary
+                out.write("\n".join(block) + "\n")
+                counts[name][0] += 1
+                counts[name][1] += len(block)
+    finally:
+        for f in outs.values():
+            f.close()
+    for name, (n_par, n_lines) in counts.items():
+        if n_lines == 0:
+            raise PrepError(f"the {name} split is empty: give more text or change --valid-percent")
+    return counts
+
+
+def train_sentencepiece(destdir: str, vocab_size: int, input_sentence_size: int, workers: int) -> str:
+    """Step 2: a unigram model on the train split."""
+    import sentencepiece as spm
+
+    prefix = os.path.join(destdir, "spm")
+    try:
+        spm.SentencePieceTrainer.train(
+            input=os.path.join(destdir, "raw", "train.txt"), model_prefix=prefix, vocab_size=vocab_size,
+            model_type="unigram", character_coverage=1.0, input_sentence_size=input_sentence_size,
+            shuffle_input_sentence=True, num_threads=workers, bos_id=-1, eos_id=-1, unk_id=0, pad_id=-1,
+            max_sentence_length=1 << 20, minloglevel=1,
+        )
+    except RuntimeError as e:
+        raise PrepError(f"sentencepiece failed ({e}); try a smaller --vocab-size") from None
+    return prefix + ".model"
+
+
+def write_dictionary(model_path: str, dict_path: str) -> int:
+    """Step 3: every piece of the model except its specials, in fairseq's ``dict.txt`` format."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=model_path)
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())
+              if not (sp.is_unknown(i) or sp.is_control(i))]
+    with open(dict_path, "w", encoding="utf-8") as f:
+        for piece in pieces:
+            f.write(f"{piece} 1\n")
+    return len(pieces)
+
+
+def encode(model_path: str, src: str, dst: str) -> int:
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=model_path)
+    n = 0
+    with open(src, encoding="utf-8") as fin, open(dst, "w", encoding="utf-8") as fout:
+        for line in fin:
+            line = line.rstrip("\n")
+            fout.write((" ".join(sp.encode(line, out_type=str)) if line else "") + "\n")
+            n += len(line) > 0
+    return n
+
+
+def binarise(destdir: str, workers: int) -> None:
+    exe = shutil.which("fairseq-preprocess")
+    if exe is None:
+        raise PrepError("fairseq-preprocess not found on PATH: install fairseq (scripts/install.sh)")
+    spm_dir = os.path.join(destdir, "spm")
+    cmd = [exe, "--only-source", "--srcdict", os.path.join(destdir, "dict.txt"),
+           "--trainpref", os.path.join(spm_dir, "train"), "--validpref", os.path.join(spm_dir, "valid"),
+           "--destdir", destdir, "--workers", str(workers)]
+    for name in ("train.bin", "train.idx", "valid.bin", "valid.idx", "preprocess.log"):
+        if os.path.exists(os.path.join(destdir, name)):
+            os.remove(os.path.join(destdir, name))
+    log(f"running {shlex.join(cmd)}")
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with open(os.path.join(destdir, "preprocess.stdout"), "w") as f:
+        f.write(proc.stdout)
+    if proc.returncode != 0:
+        raise PrepError(f"fairseq-preprocess failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
+    for line in proc.stdout.splitlines():
+        if "replaced by <unk>" in line:
+            log(f"  {line.split('|')[-1].strip()}")
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="fairseq-pe-prepare-mono", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", nargs="+", required=True, metavar="PATH",
+                   help="text files, or directories searched for *.txt / *.raw files")
+    p.add_argument("--destdir", required=True, help="output: spm.model, dict.txt, {train,valid}.{bin,idx}")
+    p.add_argument("--vocab-size", type=int, default=32000, help="sentencepiece pieces (default 32000)")
+    p.add_argument("--valid-percent", type=float, default=1.0,
+                   help="share of paragraphs held out for validation, by hash (default 1)")
+    p.add_argument("--spm-input-sentence-size", type=int, default=10_000_000,
+                   help="lines sampled to learn sentencepiece (default 10M)")
+    p.add_argument("--spm-model", default=None,
+                   help="use this sentencepiece model instead of learning one (it is copied to DEST/spm.model)")
+    p.add_argument("--workers", type=int, default=max(1, min(os.cpu_count() or 1, 16)))
+    args = p.parse_args(argv)
+    if not 0 < args.valid_percent < 100:
+        p.error("--valid-percent must be in (0, 100)")
+    if args.vocab_size < 10:
+        p.error("--vocab-size must be at least 10")
+    return args
+
+
+def prepare(args: argparse.Namespace) -> None:
+    dest = os.path.abspath(args.destdir)
+    os.makedirs(dest, exist_ok=True)
+    files = input_files(args.input)
+    log(f"{len(files)} input files -> {dest}")
+    counts = split(files, dest, args.valid_percent)
+    for name, (n_par, n_lines) in counts.items():
+        log(f"  {name}: {n_par:,} paragraphs, {n_lines:,} lines")
+    model = os.path.join(dest, "spm.model")
+    if args.spm_model:
+        if not os.path.isfile(args.spm_model):
+            raise PrepError(f"--spm-model {args.spm_model}: no such file")
+        if os.path.abspath(args.spm_model) != model:
+            shutil.copyfile(args.spm_model, model)
+    else:
+        log(f"learning sentencepiece ({args.vocab_size} pieces) on the train split")
+        train_sentencepiece(dest, args.vocab_size, args.spm_input_sentence_size, args.workers)
+    n_pieces = write_dictionary(model, os.path.join(dest, "dict.txt"))
+    os.makedirs(os.path.join(dest, "spm"), exist_ok=True)
+    for name in counts:
+        n = encode(model, os.path.join(dest, "raw", f"{name}.txt"), os.path.join(dest, "spm", name))
+        log(f"  encoded {name}: {n:,} lines")
+    binarise(dest, args.workers)
+    log(f"done: {dest} (sentencepiece {model}, dictionary of {n_pieces:,} pieces + fairseq's 4 specials)")
+    log("next (the BERT schedule: 128 tokens, then 512; see scripts/recipes/bert-pretrain.sh):")
+    print(f"fairseq-train {shlex.quote(dest)} --user-dir {shlex.quote(PLUGIN_DIR)} --task masked_lm "
+          "--criterion masked_lm --arch roberta_pe_base --pe-absolute learned "
+          "--tokens-per-sample 128 --max-positions 512 --optimizer adam --adam-betas '(0.9, 0.98)' "
+          "--lr 1e-4 --lr-scheduler polynomial_decay --warmup-updates 10000 --total-num-update 1000000 "
+          "--max-update 1000000 --batch-size 256 --save-dir checkpoints/bert128", flush=True)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    try:
+        prepare(args)
+    except PrepError as e:
+        print(f"fairseq-pe-prepare-mono: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The table of scripts/recipes/bert-cpu.sh: masked-LM validation loss, SST-2 dev accuracy, SQuAD v1.1
+dev EM/F1, and SQuAD F1 by where the gold answer starts in the model's input (positions < 128 were
+seen in pretraining at 128 tokens, the others were not: Wang et al. §4.2, Fig. 1).
+
+Writes OUT/results.md, OUT/results.json and OUT/results.png.
+"""
+
+import argparse
+import json
+import os
+import re
+from collections import defaultdict
+
+from fairseq_pe.squad import evaluate_v1, f1_v1, iter_questions
+
+BUCKETS = [(0, 128, "< 128"), (128, 256, "128-255"), (256, 1 << 30, ">= 256")]
+FLAGS = {
+    "ape-learned": "--pe-absolute learned",
+    "ape-lsin": "--pe-absolute learnable-sinusoidal",
+    "rpe-learned": "--pe-absolute none --pe-relative learned",
+    "floater": "--pe-absolute floater --pe-all-blocks",
+}
+
+
+def mlm_valid_loss(log_path):
+    """The last validation loss (base 2) of a fairseq-train log."""
+    loss = None
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            if "| valid |" in line or "| valid on" in line:
+                m = re.search(r"\| loss ([0-9.]+)", line)
+                if m:
+                    loss = float(m.group(1))
+    return loss
+
+
+def answer_positions(squad_dir):
+    """Question id -> start position (in the model's input) of its labelled gold answer."""
+    positions = {}
+    with open(os.path.join(squad_dir, "valid.features.jsonl")) as fm, open(os.path.join(squad_dir, "valid.spans")) as fs:
+        for meta_line, span_line in zip(fm, fs):
+            meta = json.loads(meta_line)
+            start = int(span_line.split()[0])
+            if start > 0 and meta["qid"] not in positions:
+                positions[meta["qid"]] = start
+    return positions
+
+
+def f1_by_bucket(dataset, predictions, positions):
+    sums, counts = defaultdict(float), defaultdict(int)
+    for _, qa in iter_questions(dataset):
+        pos = positions.get(qa["id"])
+        if pos is None:
+            continue
+        label = next(name for lo, hi, name in BUCKETS if lo <= pos < hi)
+        golds = [a["text"] for a in qa["answers"]]
+        sums[label] += max(f1_v1(predictions.get(qa["id"], ""), g) for g in golds)
+        counts[label] += 1
+    return {name: (100.0 * sums[name] / counts[name] if counts[name] else None, counts[name]) for _, _, name in BUCKETS}
+
+
+def fmt(v, digits=1):
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", required=True, help="the recipe's OUT directory")
+    p.add_argument("--squad-json", required=True, help="dev-v1.1.json")
+    p.add_argument("--systems", nargs="+", required=True)
+    args = p.parse_args()
+    with open(args.squad_json) as f:
+        dataset = json.load(f)["data"]
+    positions = answer_positions(os.path.join(args.out, "squad-bin"))
+    rows = []
+    for name in args.systems:
+        row = {"system": name, "flags": FLAGS.get(name, "")}
+        log = os.path.join(args.out, f"pt-{name}.log")
+        row["mlm_valid_loss"] = mlm_valid_loss(log) if os.path.exists(log) else None
+        sst2 = os.path.join(args.out, f"sst2-{name}.json")
+        if os.path.exists(sst2):
+            with open(sst2) as f:
+                row["sst2_accuracy"] = 100.0 * json.load(f)["metrics"]["accuracy"]
+        pred_path = os.path.join(args.out, f"squad-{name}.predictions.json")
+        if os.path.exists(pred_path):
+            with open(pred_path) as f:
+                predictions = json.load(f)
+            row.update({f"squad_{k}": v for k, v in evaluate_v1(dataset, predictions).items()
+                        if k in ("exact_match", "f1")})
+            row["squad_f1_by_answer_start"] = {k: v[0] for k, v in f1_by_bucket(dataset, predictions, positions).items()}
+            row["squad_questions_by_answer_start"] = {k: v[1] for k, v in
+                                                       f1_by_bucket(dataset, predictions, positions).items()}
+        rows.append(row)
+
+    header = ("| encoding | flags | MLM valid loss (bits) | SST-2 acc | SQuAD EM | SQuAD F1 | "
+              + " | ".join(f"F1, answer at {name}" for _, _, name in BUCKETS) + " |")
+    lines = [header, "|" + "---|" * (6 + len(BUCKETS))]
+    for r in rows:
+        by = r.get("squad_f1_by_answer_start", {})
+        lines.append(f"| {r['system']} | `{r['flags']}` | {fmt(r.get('mlm_valid_loss'), 3)} | "
+                     f"{fmt(r.get('sst2_accuracy'))} | {fmt(r.get('squad_exact_match'))} | {fmt(r.get('squad_f1'))} | "
+                     + " | ".join(fmt(by.get(name)) for _, _, name in BUCKETS) + " |")
+    counts = next((r["squad_questions_by_answer_start"] for r in rows if "squad_questions_by_answer_start" in r), None)
+    if counts:
+        lines.append("")
+        lines.append("Dev questions per answer-start bucket: "
+                     + ", ".join(f"{name}: {counts[name]:,}" for _, _, name in BUCKETS)
+                     + f" (of {sum(1 for _ in iter_questions(dataset)):,}; the rest have no labelled window)")
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    plot(rows, os.path.join(args.out, "results.png"))
+    print(text, end="")
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    names = [r["system"] for r in rows]
+    ax1.bar(names, [r.get("sst2_accuracy") or 0 for r in rows], color="tab:blue")
+    ax1.set_ylabel("SST-2 dev accuracy (%)")
+    ax1.set_ylim(45, max([60] + [(r.get("sst2_accuracy") or 0) + 5 for r in rows]))
+    ax1.set_title("SST-2")
+    width = 0.8 / max(1, len(rows))
+    for i, r in enumerate(rows):
+        by = r.get("squad_f1_by_answer_start", {})
+        xs = [j + i * width for j in range(len(BUCKETS))]
+        ax2.bar(xs, [by.get(name) or 0 for _, _, name in BUCKETS], width=width, label=r["system"])
+    ax2.set_xticks([j + width * (len(rows) - 1) / 2 for j in range(len(BUCKETS))])
+    ax2.set_xticklabels([f"answer at {name}" for _, _, name in BUCKETS])
+    ax2.set_ylabel("SQuAD v1.1 dev F1")
+    ax2.set_title("SQuAD F1 by answer position (pretrained at 128)")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
