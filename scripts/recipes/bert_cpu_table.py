@@ -103,9 +103,11 @@ def main():
     counts = next((r["squad_questions_by_answer_start"] for r in rows if "squad_questions_by_answer_start" in r), None)
     if counts:
         lines.append("")
+        total = sum(1 for _ in iter_questions(dataset))
+        rest = total - sum(counts.values())
         lines.append("Dev questions per answer-start bucket: "
                      + ", ".join(f"{name}: {counts[name]:,}" for _, _, name in BUCKETS)
-                     + f" (of {sum(1 for _ in iter_questions(dataset)):,}; the rest have no labelled window)")
+                     + f" (of {total:,}" + (f"; {rest:,} have no window holding their answer)" if rest else ")"))
     text = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(text)
