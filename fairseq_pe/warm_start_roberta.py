@@ -168,7 +168,8 @@ def main(argv=None):
         bias = converted.encoder.position_injector.self_bias
         with torch.no_grad():
             bias.initial.zero_()
-    new_params = {n: p for n, p in converted.named_parameters() if n in set(missing)}
+    missing = set(missing)
+    new_params = {n: p for n, p in converted.named_parameters() if n in missing}
     for key in dropped:
         logger.info(f"dropped {key}: the new encoding replaces it")
     logger.info(f"copied {len(mapped)} tensors; new position-encoding parameters "

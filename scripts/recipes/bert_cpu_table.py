@@ -87,9 +87,9 @@ def main():
                 predictions = json.load(f)
             row.update({f"squad_{k}": v for k, v in evaluate_v1(dataset, predictions).items()
                         if k in ("exact_match", "f1")})
-            row["squad_f1_by_answer_start"] = {k: v[0] for k, v in f1_by_bucket(dataset, predictions, positions).items()}
-            row["squad_questions_by_answer_start"] = {k: v[1] for k, v in
-                                                       f1_by_bucket(dataset, predictions, positions).items()}
+            buckets = f1_by_bucket(dataset, predictions, positions)
+            row["squad_f1_by_answer_start"] = {k: v[0] for k, v in buckets.items()}
+            row["squad_questions_by_answer_start"] = {k: v[1] for k, v in buckets.items()}
         rows.append(row)
 
     header = ("| encoding | flags | MLM valid loss (bits) | SST-2 acc | SQuAD EM | SQuAD F1 | "
