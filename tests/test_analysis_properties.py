@@ -1,0 +1,47 @@
+"""Property scores on matrices with known answers, and ψ(m) windows (Wang et al. App. A)."""
+
+import torch
+
+from fairseq_pe.analysis.properties import (monotonicity, property_scores, proximity, psi_decreasing_window,
+                                            symmetry, translation_invariance)
+from fairseq_pe.positional.sinusoidal import transformer_frequencies
+
+
+def toeplitz(values):
+    n = len(values)
+    idx = torch.arange(n)
+    return torch.tensor(values, dtype=torch.float64)[(idx[None] - idx[:, None]).abs()]
+
+
+def test_toeplitz_is_translation_invariant_symmetric_and_monotone():
+    m = toeplitz([10.0 - i for i in range(12)])
+    s = property_scores(m, max_offset=8)
+    assert s["translation_invariance"] < 1e-12 and s["symmetry"] < 1e-12
+    assert s["eq2_share"] == 1.0
+    assert s["window_right"] == sum(11 - x for x in range(11)) / 11  # decreases to the end of each row
+
+
+def test_shuffled_matrix_breaks_the_properties():
+    g = torch.Generator().manual_seed(0)
+    m = toeplitz([10.0 - i for i in range(12)])
+    perm = torch.randperm(12, generator=g)
+    shuffled = m[perm][:, perm]
+    assert translation_invariance(shuffled) > 0.3
+    assert monotonicity(shuffled, 8)["eq2_share"] < 0.9
+    asym = torch.randn(12, 12, generator=g, dtype=torch.float64)
+    assert symmetry(asym) > 0.5 and symmetry(asym + asym.t()) < 1e-12
+
+
+def test_sinusoidal_dot_products_are_toeplitz():
+    d, length = 64, 40
+    omega = transformer_frequencies(d).double()
+    pos = torch.arange(length, dtype=torch.float64)[:, None] * omega[None]
+    vectors = torch.cat([torch.sin(pos), torch.cos(pos)], dim=-1)
+    m = proximity(vectors)
+    assert translation_invariance(m) < 1e-9 and symmetry(m) < 1e-12
+
+
+def test_psi_windows_of_the_paper():
+    assert psi_decreasing_window(transformer_frequencies(64)) == 5
+    assert psi_decreasing_window(transformer_frequencies(512)) == 43
+    assert psi_decreasing_window(transformer_frequencies(768)) == 43
