@@ -45,3 +45,17 @@ def test_psi_windows_of_the_paper():
     assert psi_decreasing_window(transformer_frequencies(64)) == 5
     assert psi_decreasing_window(transformer_frequencies(512)) == 43
     assert psi_decreasing_window(transformer_frequencies(768)) == 43
+
+
+def test_probe_recovers_positions_from_sinusoids_and_fails_on_random_vectors():
+    from fairseq_pe.analysis.probes import regression_probe
+
+    d, length = 128, 200
+    omega = transformer_frequencies(d).double()
+    pos = torch.arange(length, dtype=torch.float64)[:, None] * omega[None]
+    sinusoids = torch.cat([torch.sin(pos), torch.cos(pos)], dim=-1)
+    fit = regression_probe(sinusoids)
+    assert fit["exact_share"] == 1.0 and fit["max_abs_error"] < 0.5
+    random = torch.randn(length, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    miss = regression_probe(random)
+    assert miss["mean_abs_error"] > 10 and miss["exact_share"] < 0.2
