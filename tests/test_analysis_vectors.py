@@ -18,7 +18,7 @@ def test_sinusoidal_ape_vectors_are_translation_invariant_and_symmetric():
     vec = absolute_vectors(model, 30)
     assert list(vec) == [1] and vec[1].shape == (30, 64)
     s = property_scores(proximity(vec[1]))
-    assert s["translation_invariance"] < 1e-9 and s["symmetry"] < 1e-12
+    assert s["translation_invariance"] < 1e-5 and s["symmetry"] < 1e-12  # float32 vectors
 
 
 def test_learned_ape_is_not_translation_invariant():
