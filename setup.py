@@ -38,6 +38,7 @@ setup(
             "fairseq-pe-warm-start-roberta = fairseq_pe.warm_start_roberta:cli_main",
             "fairseq-pe-prepare-glue = fairseq_pe.data_prep.glue:main",
             "fairseq-pe-glue-eval = fairseq_pe.glue:main",
+            "fairseq-pe-analyze = fairseq_pe.analyze:main",
         ],
     },
 )

@@ -1,5 +1,6 @@
 """Vectors and identical-word logits of freshly built models: the pattern of Wang et al.'s Table 1."""
 
+import pytest
 import torch
 
 from helpers import build_model
@@ -46,3 +47,46 @@ def test_every_block_of_floater_all_blocks():
     vec = absolute_vectors(model, 12)
     assert sorted(vec) == [1, 2] and all(v.shape == (12, 64) and torch.isfinite(v).all() for v in vec.values())
     assert not torch.allclose(vec[1], vec[2])
+
+
+# Wang et al. Table 1 on untrained encodings: (flags, matrix, translation invariant, symmetric).
+# APEs are judged on the dot products of their vectors, RPEs on identical-word logits (the
+# proximity they add to attention); the word-free cross terms make APE logits not Toeplitz.
+TABLE_1 = [
+    (["--pe-absolute", "sinusoidal"], "absolute", True, True),
+    (["--pe-absolute", "learnable-sinusoidal"], "absolute", True, True),
+    (["--pe-absolute", "learned"], "absolute", False, True),
+    (["--pe-absolute", "none", "--pe-relative", "learned"], "identical-word", True, False),
+    (["--pe-absolute", "none", "--pe-relative", "sinusoidal"], "identical-word", True, False),
+    (["--pe-absolute", "none", "--pe-relative", "learnable-sinusoidal"], "identical-word", True, False),
+]
+
+
+@pytest.mark.parametrize("flags,matrix,invariant,symmetric", TABLE_1, ids=[" ".join(t[0][1::2]) for t in TABLE_1])
+def test_table_1_pattern(flags, matrix, invariant, symmetric):
+    model, d = build_model(*flags)
+    if matrix == "absolute":
+        m = proximity(absolute_vectors(model, 64)[1])
+    else:
+        m = identical_word_logits(model, d.nspecial + 5, 64).mean(0)
+    s = property_scores(m, max_offset=16)
+    assert (s["translation_invariance"] < 1e-5) == invariant, s
+    assert (s["symmetry"] < 1e-9) == symmetric, s
+
+
+def test_sinusoidal_ape_is_monotone_exactly_over_the_psi_window():
+    # D = 64: ψ decreases up to m = 5 (App. A), so every row away from the edges has window 5
+    model, _ = build_model("--pe-absolute", "sinusoidal")
+    s = property_scores(proximity(absolute_vectors(model, 64)[1]), max_offset=5)
+    assert s["window_right"] == 5 and s["window_left"] == 5 and s["eq2_share"] == 1.0
+    learned, _ = build_model("--pe-absolute", "learned")
+    assert property_scores(proximity(absolute_vectors(learned, 64)[1]), max_offset=5)["eq2_share"] < 0.8
+
+
+def test_batched_identical_word_logits_equal_one_token_at_a_time():
+    model, d = build_model("--pe-absolute", "learned", "--pe-relative", "t5")
+    tokens = [d.nspecial, d.nspecial + 3, d.nspecial + 7]
+    batched = identical_word_logits(model, tokens, 20)
+    for i, t in enumerate(tokens):
+        torch.testing.assert_close(batched[i], identical_word_logits(model, t, 20))
+    assert not torch.allclose(batched[0], batched[1])  # the word matters, only its average is word-free

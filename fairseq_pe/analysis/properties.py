@@ -4,13 +4,13 @@ A proximity function φ(x, y) between positions x and y is given as an (L × L) 
 M[x, y] = φ(x, y): the dot product ⟨P_x, P_y⟩ of absolute vectors, their cosine, or the
 identical-word attention logit of §3.1.  The paper's properties, as numeric scores:
 
-* **translation invariance** (Property 1: φ(x₁, x₁+m) = φ(x₂, x₂+m)): for each offset m the
-  standard deviation of the diagonal {M[x, x+m]}_x, averaged over m and divided by the standard
-  deviation of all of M.  0 for a Toeplitz matrix.
-* **monotonicity** (Property 2, Eq. 2: φ(x, x+m₁) > φ(x, x+m₂) for 0 ≤ m₁ < m₂): (a) the window,
-  the largest k such that m ↦ φ(x, x+m) strictly decreases on 0..k, averaged over x (rightwards;
-  leftwards likewise on x-m); (b) the share of pairs m₁ < m₂ ≤ ``max_offset`` for which Eq. 2 holds,
-  over all x with x+m₂ < L.
+* **monotonicity** (Property 1, Eq. 2: φ(x, x+m₁) > φ(x, x+m₂) for 0 ≤ m₁ < m₂): (a) the window,
+  the largest k such that m ↦ φ(x, x+m) strictly decreases on 0..k, its median over the rows x
+  (rightwards; leftwards likewise on x−m); (b) the share of pairs m₁ < m₂ ≤ ``max_offset`` for which Eq. 2 holds,
+  over all x with x+m₂ < L.  A strictly decreasing ψ gives windows of L−1−x and a share of 1.
+* **translation invariance** (Property 2, Eq. 3: φ(x₁, x₁+m) = φ(x₂, x₂+m)): for each offset m
+  (positive and negative) the standard deviation of the diagonal {M[x, x+m]}_x, averaged over m and
+  divided by the standard deviation of all of M.  0 for a Toeplitz matrix.
 * **symmetry** (Property 3: φ(x, y) = φ(y, x)): ‖M − Mᵀ‖_F / ‖M‖_F.  0 for a symmetric matrix.
 
 For fixed frequencies ω the sinusoidal dot product depends on the offset only,
@@ -42,17 +42,30 @@ def translation_invariance(m: torch.Tensor) -> float:
 
 def _window(values: torch.Tensor) -> int:
     """Largest k with values[0] > values[1] > ... > values[k]."""
-    k = 0
-    while k + 1 < values.numel() and values[k + 1] < values[k]:
-        k += 1
-    return k
+    return int(_row_windows(values.unsqueeze(0), torch.ones_like(values, dtype=torch.bool).unsqueeze(0))[0])
+
+
+def _row_windows(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Per row, the largest k with values[0] > ... > values[k], counting only ``valid`` entries
+    (a valid prefix of each row)."""
+    steps = (values[:, 1:] < values[:, :-1]) & valid[:, 1:]
+    return torch.cumprod(steps.long(), dim=1).sum(dim=1)
+
+
+def _offset_rows(m: torch.Tensor, sign: int):
+    """Row x holds φ(x, x + sign·k) for k = 0 .. L-1, with a mask of the k that stay inside."""
+    n = m.size(0)
+    x = torch.arange(n)[:, None]
+    y = x + sign * torch.arange(n)[None]
+    valid = (y >= 0) & (y < n)
+    return m[x, y.clamp(0, n - 1)], valid
 
 
 def monotonicity(m: torch.Tensor, max_offset: int = 32) -> Dict[str, float]:
     m = m.double()
     n = m.size(0)
-    right = [_window(m[x, x:]) for x in range(n - 1)]
-    left = [_window(m[x, :x + 1].flip(0)) for x in range(1, n)]
+    right = _row_windows(*_offset_rows(m, +1))[:-1].double()  # the last row has no offset to its right
+    left = _row_windows(*_offset_rows(m, -1))[1:].double()
     held = total = 0
     span = min(max_offset, n - 1)
     for m1 in range(0, span):
@@ -61,7 +74,7 @@ def monotonicity(m: torch.Tensor, max_offset: int = 32) -> Dict[str, float]:
             a, b = m[xs, xs + m1], m[xs, xs + m2]
             held += int((a > b).sum())
             total += xs.numel()
-    return {"window_right": sum(right) / len(right), "window_left": sum(left) / len(left),
+    return {"window_right": float(right.median()), "window_left": float(left.median()),
             "eq2_share": held / total if total else float("nan")}
 
 

@@ -4,7 +4,7 @@ Works for ``transformer_pe`` and ``roberta_pe`` models (every ``--pe-*`` encodin
 included) and for fairseq's stock ``transformer``/``roberta`` (sinusoidal or learned positions).
 """
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -50,12 +50,13 @@ def absolute_vectors(model, length: int) -> Dict[int, torch.Tensor]:
 
 def relative_vectors(model) -> Dict[int, Tuple[torch.Tensor, torch.Tensor]]:
     """Block -> (a^K, a^V) of a vector-valued relative encoding, each (2K+1, d) or (H, 2K+1, d), index
-    r + K for the distance r = j - i; empty for other encodings."""
-    injector = encoder_of(model).embed_positions
-    rel = getattr(injector, "relative", None)
+    r + K for the distance r = j - i; block 1 only when the blocks share them (the default); empty
+    for other encodings (RoPE, ALiBi, T5 act on the logits only: see :func:`identical_word_logits`)."""
+    encoder = encoder_of(model)
+    rel = getattr(encoder.embed_positions, "relative", None)
     if rel is None or not hasattr(rel, "vectors") or not hasattr(rel, "max_distance"):
         return {}
-    blocks = range(1, len(encoder_of(model).layers) + 1)
+    blocks = range(1, len(encoder.layers) + 1) if getattr(rel, "untie_layers", False) else [1]
     with torch.no_grad():
         out = {}
         for b in blocks:
@@ -64,15 +65,18 @@ def relative_vectors(model) -> Dict[int, Tuple[torch.Tensor, torch.Tensor]]:
         return out
 
 
-def identical_word_logits(model, token: int, length: int) -> torch.Tensor:
-    """(H, length, length) attention logits of the first layer for a sequence of one repeated
-    token (§3.1, Eq. 5): with the token fixed, they depend on positions only."""
+def identical_word_logits(model, token, length: int) -> torch.Tensor:
+    """Attention logits of the first layer for sequences of one repeated token (§3.1, Eq. 5):
+    ā_ij = (w̄ + p_i) W^Q ((w̄ + p_j) W^K)ᵀ / √d, plus what a relative encoding adds; with the token
+    fixed they depend on positions only.  ``token``: an id -> (H, L, L); a list of ids -> (N, H, L, L)."""
+    tokens = torch.as_tensor(token, dtype=torch.long)
+    single = tokens.dim() == 0
+    tokens = tokens.reshape(-1, 1).expand(-1, length)
     encoder = encoder_of(model)
     layer = encoder.layers[0]
     attn = layer.self_attn
     fast_path_off = attn.skip_embed_dim_check
     attn._set_skip_embed_dim_check()  # fairseq's fused path ignores before_softmax
-    tokens = torch.full((1, length), token, dtype=torch.long)
     try:
         with torch.no_grad(), floater_pass(_flow(encoder.embed_positions), length):
             x, _ = encoder.forward_embedding(tokens)
@@ -83,16 +87,27 @@ def identical_word_logits(model, token: int, length: int) -> torch.Tensor:
                              before_softmax=True)
     finally:
         attn.skip_embed_dim_check = fast_path_off
-    return logits.view(attn.num_heads, length, length).double()
+    logits = logits.view(tokens.size(0), attn.num_heads, length, length).double()
+    return logits[0] if single else logits
+
+
+def word_sample(dictionary, num_tokens: int, seed: int = 0, exclude=()) -> List[int]:
+    """``num_tokens`` distinct random word ids (no specials, nothing in ``exclude``)."""
+    excluded = set(range(dictionary.nspecial)) | set(exclude)
+    words = torch.tensor([i for i in range(len(dictionary)) if i not in excluded], dtype=torch.long)
+    if num_tokens < 1 or num_tokens > words.numel():
+        raise ValueError(f"--num-tokens must be between 1 and the {words.numel()} words of the dictionary, "
+                         f"got {num_tokens}")
+    g = torch.Generator().manual_seed(seed)
+    return words[torch.randperm(words.numel(), generator=g)[:num_tokens]].tolist()
 
 
 def averaged_identical_word_logits(model, dictionary, length: int, num_tokens: int = 100,
-                                   seed: int = 0) -> torch.Tensor:
-    """Identical-word logits averaged over ``num_tokens`` random non-special tokens (§5.2, Fig. 3)."""
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(dictionary.nspecial, len(dictionary), (num_tokens,), generator=g)
+                                   seed: int = 0, exclude=(), chunk: int = 8) -> torch.Tensor:
+    """Identical-word logits (H, L, L) averaged over ``num_tokens`` random words (§5.2, Fig. 3)."""
+    tokens = word_sample(dictionary, num_tokens, seed, exclude)
     total = None
-    for t in tokens.tolist():
-        logits = identical_word_logits(model, t, length)
-        total = logits if total is None else total + logits
-    return total / num_tokens
+    for i in range(0, len(tokens), chunk):
+        part = identical_word_logits(model, tokens[i:i + chunk], length).sum(0)
+        total = part if total is None else total + part
+    return total / len(tokens)

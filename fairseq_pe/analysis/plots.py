@@ -1,0 +1,123 @@
+"""The pictures of the analysis (matplotlib, written as PNG): proximity heatmaps as in Wang et
+al.'s Fig. 2 and Fig. 3, offset profiles, learned frequencies and ψ(m) (App. A.5, Fig. 6), and the
+regression probe's error per position."""
+
+import math
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _draw(ax, matrix: torch.Tensor, title: str, ticks: Optional[Tuple[int, int]] = None):
+    """``ticks``: the (first, last) label of the rows/columns (relative distances start below 0)."""
+    m = matrix.detach().double().numpy()
+    first, last = ticks if ticks is not None else (0, m.shape[0] - 1)
+    image = ax.imshow(m, cmap="viridis", origin="upper", extent=(first - 0.5, last + 0.5, last + 0.5, first - 0.5),
+                      interpolation="nearest")
+    ax.set_title(title, fontsize=9)
+    ax.tick_params(labelsize=7)
+    return image
+
+
+def heatmap_grid(panels: Sequence[Tuple[str, torch.Tensor]], path: str, title: str = "",
+                 ticks: Optional[Tuple[int, int]] = None, columns: int = 4, xlabel: str = "position y",
+                 ylabel: str = "position x"):
+    """One heatmap per (title, matrix), each with its own colour bar (brighter = larger)."""
+    plt = _pyplot()
+    n = len(panels)
+    cols = min(columns, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 3.0 * rows + 0.4), squeeze=False)
+    for ax, (name, matrix) in zip(axes.flat, panels):
+        image = _draw(ax, matrix, name, ticks)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04).ax.tick_params(labelsize=7)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def offset_profile(matrix: torch.Tensor, max_offset: int) -> Tuple[List[int], List[float]]:
+    """Mean over x of M[x, x+m] for m = -max_offset .. max_offset (the diagonals of M)."""
+    n = matrix.size(0)
+    span = min(max_offset, n - 1)
+    offsets = list(range(-span, span + 1))
+    return offsets, [float(matrix.double().diagonal(m).mean()) for m in offsets]
+
+
+def profile_plot(curves: Sequence[Tuple[str, torch.Tensor]], path: str, max_offset: int, title: str = ""):
+    """φ(x, x+m) against the offset m, averaged over x, one panel per matrix (Fig. 6 style)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 3.2), squeeze=False)
+    for ax, (name, matrix) in zip(axes.flat, curves):
+        offsets, values = offset_profile(matrix, max_offset)
+        ax.plot(offsets, values, marker=".", markersize=3)
+        ax.axvline(0, color="grey", linewidth=0.5)
+        ax.set_xlabel("offset m", fontsize=8)
+        ax.set_ylabel("mean over x of φ(x, x+m)", fontsize=8)
+        ax.set_title(name, fontsize=9)
+        ax.tick_params(labelsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def frequency_plot(entries: Sequence[dict], path: str):
+    """Learned against initial frequencies (log scale) and the ψ(m) curves they give."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.4))
+    for i, e in enumerate(entries):
+        colour = f"C{i % 10}"
+        left.plot([abs(w) for w in e["learned"]], color=colour, label=f"{e['name']} learned")
+        right.plot(e["psi_learned"], color=colour,
+                   label=f"{e['name']} learned (decreasing to m={e['psi_window_learned']})")
+    first = entries[0]
+    left.plot(first["initial"], color="black", linestyle="--", label="initial 10000^(-2i/D)")
+    right.plot(first["psi_initial"], color="black", linestyle="--",
+               label=f"initial (decreasing to m={first['psi_window_initial']})")
+    left.set_yscale("log")
+    left.set_xlabel("i", fontsize=8)
+    left.set_ylabel("|ω_i| (cos is even: ψ ignores the sign)", fontsize=8)
+    left.set_title("frequencies", fontsize=9)
+    right.set_xlabel("offset m", fontsize=8)
+    right.set_ylabel("ψ(m) = Σ cos(ω_i m)", fontsize=8)
+    right.set_title("ψ(m)", fontsize=9)
+    for ax in (left, right):
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def probe_plot(curves: Sequence[Tuple[str, List[int], List[float]]], path: str):
+    """Absolute error of the regression probe at each held-out (odd) position."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    for name, positions, errors in curves:
+        ax.plot(positions, errors, label=name, linewidth=1)
+    ax.set_xlabel("position (odd positions, held out)", fontsize=8)
+    ax.set_ylabel("|predicted − true position|", fontsize=8)
+    ax.set_yscale("symlog", linthresh=1.0)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7)
+    ax.set_title("linear regression probe, trained on even positions", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

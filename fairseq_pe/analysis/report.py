@@ -1,0 +1,411 @@
+"""Analyse checkpoints and write the results: PNG pictures, a JSON of every score, the proximity
+matrices (``matrices.npz``) and a Markdown report per checkpoint, plus one table of property
+scores across checkpoints.
+
+What is analysed is the encoder (RoBERTa's sentence encoder): its absolute vectors (every block
+when each block gets its own), its relative vectors (Shaw-style encodings), the first layer's
+identical-word logits and learned frequencies.  The definitions of the scores are in
+:mod:`fairseq_pe.analysis.properties` and in the README.
+"""
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from fairseq_pe.positional.injector import UNLIMITED_POSITIONS, PositionInjector
+
+from . import plots
+from .checkpoint import LoadedCheckpoint
+from .frequencies import fixed_psi_window, learned_frequencies
+from .probes import regression_probe
+from .properties import property_scores, proximity
+from .vectors import absolute_vectors, averaged_identical_word_logits, encoder_of, relative_vectors
+
+logger = logging.getLogger("fairseq_pe.analysis")
+
+DEFAULT_LENGTH = 128  # the paper's figures show the first 128 positions
+DEFAULT_PROBE_LENGTH = 512
+DEFAULT_NUM_TOKENS = 100
+
+
+class AnalysisError(ValueError):
+    """Bad options for a checkpoint; the message names the option."""
+
+
+@dataclass
+class AnalysisOptions:
+    length: Optional[int] = None  # positions of the matrices; None: 128, or fewer if the table is shorter
+    probe_length: Optional[int] = None  # positions of the regression probe; None: 512 or the table size
+    num_tokens: Optional[int] = None  # random words averaged in identical-word probing; None: 100 or all words
+    max_offset: int = 32  # offsets m1 < m2 <= max_offset counted in the Eq. 2 share
+    seed: int = 0
+
+
+@dataclass
+class Analysis:
+    name: str
+    scores: Dict[str, object]  # JSON-able
+    matrices: Dict[str, torch.Tensor]  # name -> (L, L) or (H, L, L), for pictures and matrices.npz
+
+
+def position_limit(model) -> Optional[int]:
+    """How many positions the encoder's absolute encoding holds (None: any length)."""
+    injector = encoder_of(model).embed_positions
+    if injector is None:
+        return None
+    if isinstance(injector, PositionInjector):
+        limit = injector.max_positions
+        return None if limit >= UNLIMITED_POSITIONS else int(limit)
+    from fairseq.modules import LearnedPositionalEmbedding
+
+    if isinstance(injector, LearnedPositionalEmbedding):  # fairseq's table; its sinusoids work at any length
+        return int(injector.max_positions)
+    return None
+
+
+def _length(requested: Optional[int], default: int, limit: Optional[int], flag: str) -> int:
+    if requested is None:
+        return default if limit is None else min(default, limit)
+    if requested < 4:
+        raise AnalysisError(f"{flag} must be at least 4, got {requested}")
+    if limit is not None and requested > limit:
+        raise AnalysisError(f"{flag} {requested}: the checkpoint's position table holds only {limit} positions; "
+                            f"pass {flag} {limit} or less")
+    return requested
+
+
+def _count(requested: Optional[int], default: int, words: int) -> int:
+    if requested is None:
+        return min(default, words)
+    if not 1 <= requested <= words:
+        raise AnalysisError(f"--num-tokens {requested}: the dictionary has {words} words (specials excluded)")
+    return requested
+
+
+def _heads(model) -> int:
+    return encoder_of(model).layers[0].self_attn.num_heads
+
+
+def analyze(checkpoint: LoadedCheckpoint, name: str, options: AnalysisOptions = AnalysisOptions()) -> Analysis:
+    """Every score and matrix of one checkpoint (see the module docstring)."""
+    start = time.time()
+    model = checkpoint.model
+    limit = position_limit(model)
+    length = _length(options.length, DEFAULT_LENGTH, limit, "--length")
+    probe_length = _length(options.probe_length, DEFAULT_PROBE_LENGTH, limit, "--probe-length")
+    encoder = encoder_of(model)
+    scores: Dict[str, object] = {
+        "name": name, "checkpoint": os.path.abspath(checkpoint.path), "arch": checkpoint.arch,
+        "family": checkpoint.family, "encoding": checkpoint.description,
+        "embed_dim": int(encoder.embed_tokens.embedding_dim), "layers": len(encoder.layers), "heads": _heads(model),
+        "position_limit": limit, "options": asdict(options), "length": length, "probe_length": probe_length,
+    }
+    matrices: Dict[str, torch.Tensor] = {}
+
+    def scored(matrix):
+        return property_scores(matrix, options.max_offset)
+
+    # absolute vectors: proximity, properties, regression probe (per block)
+    vectors = absolute_vectors(model, max(length, probe_length))
+    if vectors:
+        absolute = {}
+        for block, v in vectors.items():
+            dot, cos = proximity(v[:length]), proximity(v[:length], "cosine")
+            matrices[f"absolute_dot_block{block}"] = dot
+            matrices[f"absolute_cosine_block{block}"] = cos
+            absolute[str(block)] = {"dot": scored(dot), "cosine": scored(cos),
+                                    "probe": regression_probe(v[:probe_length])}
+        scores["absolute"] = absolute
+        logger.info(f"{name}: absolute vectors of {len(vectors)} block(s) ({time.time() - start:.1f}s)")
+    else:
+        scores["absolute"] = None
+
+    # relative vectors a^K (and a^V when they differ): dot products over distances -K..K
+    relative = relative_vectors(model)
+    if relative:
+        out = {}
+        for block, (key, value) in relative.items():
+            entry = {}
+            for kind, vec in (("key", key), ("value", value)):
+                if kind == "value" and torch.equal(key, value):
+                    continue
+                dot = proximity(vec) if vec.dim() == 2 else torch.stack([proximity(h) for h in vec]).mean(0)
+                matrices[f"relative_{kind}_dot_block{block}"] = dot
+                entry[kind] = scored(dot)
+            out[str(block)] = entry
+        k = (next(iter(relative.values()))[0].size(-2) - 1) // 2
+        scores["relative"] = {"max_distance": k, "blocks": out, "same_key_value": "value" not in out["1"]}
+        logger.info(f"{name}: relative vectors ({time.time() - start:.1f}s)")
+    else:
+        scores["relative"] = None
+
+    # identical-word probing: first layer, per head and averaged over heads
+    words = len(checkpoint.dictionary) - len(set(checkpoint.non_words))
+    num_tokens = _count(options.num_tokens, DEFAULT_NUM_TOKENS, words)
+    scores["num_tokens"] = num_tokens
+    logits = averaged_identical_word_logits(model, checkpoint.dictionary, length, num_tokens,
+                                            options.seed, exclude=checkpoint.non_words)
+    matrices["identical_word_heads"] = logits
+    matrices["identical_word_mean"] = logits.mean(0)
+    scores["identical_word"] = {"mean": scored(logits.mean(0)), "heads": [scored(h) for h in logits]}
+    logger.info(f"{name}: identical-word probing over {num_tokens} words ({time.time() - start:.1f}s)")
+
+    scores["frequencies"] = learned_frequencies(model)
+    scores["fixed_psi_window"] = fixed_psi_window(model)
+    scores["seconds"] = round(time.time() - start, 2)
+    return Analysis(name=name, scores=scores, matrices=matrices)
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+
+
+def _fmt(value, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if abs(value) < 1e4 else f"{value:.3e}"
+    return str(value)
+
+
+SCORE_COLUMNS = ["translation_invariance", "window_right", "window_left", "eq2_share", "symmetry"]
+SCORE_HEADER = "| translation invariance ↓ | window → | window ← | Eq. 2 share | symmetry ↓ |"
+
+
+def _score_cells(s: Optional[dict]) -> str:
+    return " | ".join(_fmt(s[c] if s else None) for c in SCORE_COLUMNS)
+
+
+def _score_rows(a: Analysis) -> List[tuple]:
+    """(what, scores) for every matrix of a checkpoint."""
+    rows = []
+    for block, entry in (a.scores["absolute"] or {}).items():
+        rows.append((f"absolute vectors, block {block}, dot product", entry["dot"]))
+        rows.append((f"absolute vectors, block {block}, cosine", entry["cosine"]))
+    for block, entry in ((a.scores["relative"] or {}).get("blocks") or {}).items():
+        for kind, s in entry.items():
+            rows.append((f"relative vectors a^{kind[0].upper()}, block {block}, dot product", s))
+    rows.append(("identical-word logits, mean of heads", a.scores["identical_word"]["mean"]))
+    for h, s in enumerate(a.scores["identical_word"]["heads"]):
+        rows.append((f"identical-word logits, head {h + 1}", s))
+    return rows
+
+
+def write_checkpoint(a: Analysis, out_dir: str) -> Dict[str, str]:
+    """Pictures, scores.json, matrices.npz and report.md of one checkpoint; returns the picture paths."""
+    import numpy as np
+
+    os.makedirs(out_dir, exist_ok=True)
+    s = a.scores
+    pictures = {}
+    length = s["length"]
+
+    def picture(key, filename):
+        pictures[key] = os.path.join(out_dir, filename)
+        return pictures[key]
+
+    if s["absolute"]:
+        blocks = sorted(s["absolute"], key=int)
+        panels = []
+        for b in blocks:
+            label = f"block {b}, " if len(blocks) > 1 else ""
+            panels.append((f"{label}dot product", a.matrices[f"absolute_dot_block{b}"]))
+            panels.append((f"{label}cosine", a.matrices[f"absolute_cosine_block{b}"]))
+        plots.heatmap_grid(panels, picture("absolute", "absolute.png"),
+                           f"{a.name}: absolute position vectors, positions 0..{length - 1}")
+        probe = [(f"block {b}" if len(blocks) > 1 else a.name, list(range(1, s["probe_length"], 2)),
+                  s["absolute"][b]["probe"]["errors"]) for b in blocks]
+        plots.probe_plot(probe, picture("probe", "probe.png"))
+    if s["relative"]:
+        k = s["relative"]["max_distance"]
+        panels = [(f"a^{key.split('_')[1][0].upper()} block {key.rsplit('block', 1)[1]}", m)
+                  for key, m in a.matrices.items() if key.startswith("relative_")]
+        plots.heatmap_grid(panels, picture("relative", "relative.png"),
+                           f"{a.name}: dot products of relative position vectors", ticks=(-k, k),
+                           xlabel="distance", ylabel="distance")
+    heads = a.matrices["identical_word_heads"]
+    plots.heatmap_grid([("mean of heads", a.matrices["identical_word_mean"])]
+                       + [(f"head {h + 1}", m) for h, m in enumerate(heads)],
+                       picture("identical_word", "identical-word.png"),
+                       f"{a.name}: first-layer logits of identical-word sequences, "
+                       f"{s['num_tokens']} words", columns=5, xlabel="key position j",
+                       ylabel="query position i")
+    curves = [("identical-word logits (mean of heads)", a.matrices["identical_word_mean"])]
+    if s["absolute"]:
+        curves.insert(0, ("absolute vectors, dot product (block 1)", a.matrices["absolute_dot_block1"]))
+    plots.profile_plot(curves, picture("profiles", "profiles.png"), max_offset=min(64, length - 1), title=a.name)
+    if s["frequencies"]:
+        plots.frequency_plot(s["frequencies"], picture("frequencies", "frequencies.png"))
+
+    with open(os.path.join(out_dir, "scores.json"), "w") as f:
+        json.dump(s, f, indent=1)
+    np.savez_compressed(os.path.join(out_dir, "matrices.npz"),
+                        **{k: v.detach().numpy() for k, v in a.matrices.items()})
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write(checkpoint_markdown(a, {k: os.path.basename(p) for k, p in pictures.items()}))
+    return pictures
+
+
+def checkpoint_markdown(a: Analysis, pictures: Dict[str, str]) -> str:
+    s = a.scores
+    lines = [f"# Position analysis: {a.name}", "",
+             f"- checkpoint: `{s['checkpoint']}`",
+             f"- `--arch {s['arch']}` ({s['family']}), encoder: D = {s['embed_dim']}, {s['layers']} layers, "
+             f"{s['heads']} heads",
+             f"- position encoding: {s['encoding']}",
+             f"- matrices over positions 0..{s['length'] - 1}; probe over 0..{s['probe_length'] - 1}; identical-word "
+             f"probing averaged over {s['num_tokens']} random words (seed {s['options']['seed']}); "
+             f"Eq. 2 share over offsets up to {s['options']['max_offset']}",
+             f"- computed in {s['seconds']} s", "",
+             "## Property scores", "",
+             "Definitions: the README's *Analysis* section (translation invariance and symmetry: 0 is exact; "
+             "window: how many offsets φ(x, x+m) keeps strictly decreasing, median over x).", "",
+             "| matrix " + SCORE_HEADER, "|---|---|---|---|---|---|"]
+    lines += [f"| {what} | {_score_cells(sc)} |" for what, sc in _score_rows(a)]
+    if "absolute" in pictures:
+        lines += ["", "## Absolute position vectors (Fig. 2, top row)", "", f"![absolute]({pictures['absolute']})"]
+    if "relative" in pictures:
+        lines += ["", "## Relative position vectors (Fig. 2, bottom row)", "", f"![relative]({pictures['relative']})"]
+    lines += ["", "## Identical-word probing (§3.1 Eq. 5, §5.2 Fig. 3)", "",
+              f"![identical-word]({pictures['identical_word']})", "",
+              "## Offset profiles", "", f"![profiles]({pictures['profiles']})"]
+    if s["frequencies"]:
+        lines += ["", "## Learned frequencies (App. A.5)", "",
+                  "| frequencies | median \\|ω − ω₀\\| / ω₀ | ψ decreasing up to m (learned) | (initial) |",
+                  "|---|---|---|---|"]
+        lines += [f"| {e['name']} | {_fmt(e['median_relative_change'])} | {e['psi_window_learned']} | "
+                  f"{e['psi_window_initial']} |" for e in s["frequencies"]]
+        lines += ["", f"![frequencies]({pictures['frequencies']})"]
+    if s["fixed_psi_window"]:
+        lines += ["", "Fixed sinusoids: ψ(m) decreases up to m = " + ", ".join(
+            f"{v} ({k})" for k, v in s["fixed_psi_window"].items()) + "."]
+    if s["absolute"]:
+        lines += ["", "## Position regression probe (trained on even positions, tested on odd ones)", "",
+                  "| block | mean \\|error\\| | max \\|error\\| | share rounded exactly |", "|---|---|---|---|"]
+        lines += [f"| {b} | {_fmt(e['probe']['mean_abs_error'])} | {_fmt(e['probe']['max_abs_error'])} | "
+                  f"{_fmt(e['probe']['exact_share'])} |" for b, e in s["absolute"].items()]
+        lines += ["", f"![probe]({pictures['probe']})"]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# several checkpoints
+
+
+def summary_rows(analyses: Sequence[Analysis]) -> List[Dict[str, object]]:
+    """One flat row of headline scores per checkpoint (block 1, dot products, mean of heads)."""
+    rows = []
+    for a in analyses:
+        s = a.scores
+        row = {"name": a.name, "encoding": s["encoding"], "arch": s["arch"]}
+        for prefix, sc in (("identical_word", s["identical_word"]["mean"]),
+                           ("absolute", (s["absolute"] or {}).get("1", {}).get("dot")),
+                           ("relative", ((s["relative"] or {}).get("blocks") or {}).get("1", {}).get("key"))):
+            for c in SCORE_COLUMNS:
+                row[f"{prefix}.{c}"] = sc[c] if sc else None
+        probe = (s["absolute"] or {}).get("1", {}).get("probe")
+        row["probe.mean_abs_error"] = probe["mean_abs_error"] if probe else None
+        row["probe.exact_share"] = probe["exact_share"] if probe else None
+        absolute_freq = [e for e in s["frequencies"] if e["name"] == "absolute"]
+        row["psi_window_learned"] = absolute_freq[0]["psi_window_learned"] if absolute_freq else None
+        rows.append(row)
+    return rows
+
+
+def summary_markdown(analyses: Sequence[Analysis]) -> str:
+    rows = summary_rows(analyses)
+    first = analyses[0].scores
+    out = [f"Identical-word probing: first-layer attention logits, mean of heads, positions 0..{first['length'] - 1}, "
+           f"{first['num_tokens']} random words.", "",
+           "| checkpoint | encoding " + SCORE_HEADER, "|---|---|---|---|---|---|---|"]
+    out += [f"| {r['name']} | {r['encoding']} | " + " | ".join(_fmt(r[f'identical_word.{c}']) for c in SCORE_COLUMNS)
+            + " |" for r in rows]
+    with_abs = [r for r in rows if r["absolute.symmetry"] is not None]
+    if with_abs:
+        out += ["", "Absolute position vectors (block 1), dot products; the regression probe's mean |error| "
+                "on odd positions.", "",
+                "| checkpoint | encoding " + SCORE_HEADER + " probe error | ψ window (learned ω) |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        out += [f"| {r['name']} | {r['encoding']} | " + " | ".join(_fmt(r[f'absolute.{c}']) for c in SCORE_COLUMNS)
+                + f" | {_fmt(r['probe.mean_abs_error'])} | {_fmt(r['psi_window_learned'])} |" for r in with_abs]
+    with_rel = [r for r in rows if r["relative.symmetry"] is not None]
+    if with_rel:
+        out += ["", "Relative position vectors a^K (block 1), dot products over distances −K..K.", "",
+                "| checkpoint | encoding " + SCORE_HEADER, "|---|---|---|---|---|---|---|"]
+        out += [f"| {r['name']} | {r['encoding']} | " + " | ".join(_fmt(r[f'relative.{c}']) for c in SCORE_COLUMNS)
+                + " |" for r in with_rel]
+    return "\n".join(out) + "\n"
+
+
+def write_comparison(analyses: Sequence[Analysis], out_dir: str) -> List[str]:
+    """properties.json/.md, the comparison pictures and report.md of ``out_dir``; returns the files."""
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    with open(os.path.join(out_dir, "properties.json"), "w") as f:
+        json.dump(summary_rows(analyses), f, indent=1)
+    table = summary_markdown(analyses)
+    with open(os.path.join(out_dir, "properties.md"), "w") as f:
+        f.write(table)
+    written += ["properties.json", "properties.md"]
+    plots.heatmap_grid([(a.name, a.matrices["identical_word_mean"]) for a in analyses],
+                       os.path.join(out_dir, "identical-word.png"),
+                       "identical-word probing: first-layer logits, mean of heads", columns=5,
+                       xlabel="key position j", ylabel="query position i")
+    written.append("identical-word.png")
+    with_abs = [a for a in analyses if a.scores["absolute"]]
+    if with_abs:
+        plots.heatmap_grid([(a.name, a.matrices["absolute_dot_block1"]) for a in with_abs],
+                           os.path.join(out_dir, "absolute.png"),
+                           "dot products of absolute position vectors (block 1)", columns=5)
+        written.append("absolute.png")
+    lines = ["# Position analysis", "", table, "![identical-word](identical-word.png)", ""]
+    if with_abs:
+        lines += ["![absolute](absolute.png)", ""]
+    lines += ["Per checkpoint: " + ", ".join(f"[{a.name}]({a.name}/report.md)" for a in analyses), ""]
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write("\n".join(lines))
+    written.append("report.md")
+    return written
+
+
+def default_names(paths: Sequence[str]) -> List[str]:
+    """A name per checkpoint: its folder's name (``systems/ape-learned/checkpoint_best.pt`` ->
+    ``ape-learned``), with the file's stem when two share a folder name."""
+    folder = [os.path.basename(os.path.dirname(os.path.abspath(p))) or "checkpoint" for p in paths]
+    names = [f if folder.count(f) == 1 else f"{f}-{os.path.splitext(os.path.basename(p))[0]}"
+             for f, p in zip(folder, paths)]
+    return names
+
+
+def analyze_checkpoints(paths: Sequence[str], out_dir: str, names: Optional[Sequence[str]] = None,
+                        options: AnalysisOptions = AnalysisOptions()) -> List[Analysis]:
+    """The Python API of ``fairseq-pe-analyze``: analyse every checkpoint, write ``out_dir/NAME/``
+    for each and the comparison (``properties.md/json``, ``report.md``, pictures) in ``out_dir``."""
+    from .checkpoint import load_checkpoint
+
+    if not paths:
+        raise AnalysisError("give at least one CHECKPOINT")
+    names = list(names) if names else default_names(paths)
+    if len(names) != len(paths):
+        raise AnalysisError(f"--names gives {len(names)} names for {len(paths)} checkpoints")
+    for n in names:
+        if not n or "/" in n or n.startswith("."):
+            raise AnalysisError(f"--names: {n!r} cannot be a folder name")
+    if len(set(names)) != len(names):
+        duplicated = sorted({n for n in names if names.count(n) > 1})
+        raise AnalysisError(f"two checkpoints would be named {duplicated}: pass --names")
+    analyses = []
+    for i, (path, name) in enumerate(zip(paths, names), 1):
+        logger.info(f"[{i}/{len(paths)}] {name}: loading {path}")
+        loaded = load_checkpoint(path)
+        analysis = analyze(loaded, name, options)
+        write_checkpoint(analysis, os.path.join(out_dir, name))
+        logger.info(f"[{i}/{len(paths)}] {name}: done in {analysis.scores['seconds']} s -> {out_dir}/{name}/report.md")
+        analyses.append(analysis)
+    write_comparison(analyses, out_dir)
+    return analyses

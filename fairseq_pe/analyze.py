@@ -1,0 +1,84 @@
+"""fairseq-pe-analyze: position-encoding analysis of fairseq checkpoints (Wang et al. 2021).
+
+    fairseq-pe-analyze CHECKPOINT [CHECKPOINT ...] --out DIR
+
+For every checkpoint (``transformer_pe``, ``roberta_pe``, or fairseq's stock ``transformer`` /
+``roberta``; no data directory needed) it writes DIR/NAME/:
+  report.md           the scores and the pictures below, with what they mean
+  scores.json         every score (per block, per head)
+  matrices.npz        the proximity matrices and identical-word logits
+  absolute.png        dot products and cosines of the absolute position vectors (Fig. 2, top)
+  relative.png        dot products of Shaw-style relative vectors (Fig. 2, bottom)
+  identical-word.png  first-layer logits of one repeated word, mean and per head (Fig. 3)
+  profiles.png        φ(x, x+m) against the offset m
+  frequencies.png     learned against initial frequencies and their ψ(m) (App. A.5)
+  probe.png           error of the position regression probe per held-out position
+(only those that apply), and in DIR one table of property scores for all checkpoints:
+  properties.md, properties.json, report.md, identical-word.png, absolute.png.
+
+NAME is the checkpoint's folder name unless --names is given.
+"""
+
+import argparse
+import logging
+import sys
+from typing import List, Optional
+
+from fairseq_pe.analysis.report import DEFAULT_LENGTH, DEFAULT_PROBE_LENGTH
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fairseq-pe-analyze", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help="fairseq checkpoint files (.pt)")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for the reports (created)")
+    p.add_argument("--names", nargs="+", default=None, metavar="NAME",
+                   help="one name per checkpoint (default: the checkpoint's folder name)")
+    p.add_argument("--length", type=int, default=None,
+                   help=f"positions of the matrices and heatmaps (default {DEFAULT_LENGTH}, or the table size "
+                        "if smaller)")
+    p.add_argument("--probe-length", type=int, default=None,
+                   help=f"positions of the regression probe (default {DEFAULT_PROBE_LENGTH}, or the table size "
+                        "if smaller)")
+    p.add_argument("--num-tokens", type=int, default=None,
+                   help="random words averaged in identical-word probing (default 100, or every word of a "
+                        "smaller dictionary)")
+    p.add_argument("--max-offset", type=int, default=32,
+                   help="largest offset counted in the Eq. 2 share of monotonicity (default 32)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random words (default 0)")
+    p.add_argument("--user-dir", default=None,
+                   help="another fairseq plugin to import first, for checkpoints of its models")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
+    for noisy in ("fairseq", "fairseq_pe.models", "matplotlib", "PIL"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.max_offset < 1:
+        print("fairseq-pe-analyze: error: --max-offset must be >= 1", file=sys.stderr)
+        return 2
+    if args.user_dir:
+        from fairseq import utils
+
+        utils.import_user_module(argparse.Namespace(user_dir=args.user_dir))
+    from fairseq_pe.analysis import AnalysisError, AnalysisOptions, CheckpointError, analyze_checkpoints
+
+    options = AnalysisOptions(length=args.length, probe_length=args.probe_length, num_tokens=args.num_tokens,
+                              max_offset=args.max_offset, seed=args.seed)
+    try:
+        analyses = analyze_checkpoints(args.checkpoints, args.out, names=args.names, options=options)
+    except (AnalysisError, CheckpointError) as e:
+        print(f"fairseq-pe-analyze: error: {e}", file=sys.stderr)
+        return 2
+    with open(f"{args.out}/properties.md") as f:
+        print(f.read(), end="")
+    print(f"wrote {args.out}/report.md, {args.out}/properties.md/.json and "
+          + ", ".join(f"{args.out}/{a.name}/" for a in analyses), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""fairseq-pe-analyze end to end on checkpoints trained with fairseq-train, and checkpoint loading.
+
+A transformer_pe with learnable-sinusoidal APE and RPE (absolute and relative vectors, learned
+frequencies of both) and a stock fairseq transformer are trained for a few updates; one call of the
+command analyses both and must write every file, with scores that agree with the Python API and with
+what the encodings guarantee after training.
+"""
+
+import argparse
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fairseq_pe.analysis import AnalysisOptions, analyze, load_checkpoint
+from fairseq_pe.analysis.checkpoint import CheckpointError, save_untrained_checkpoint
+from fairseq_pe.analysis.properties import proximity
+from fairseq_pe.positional.sinusoidal import transformer_frequencies
+from fairseq_pe.synthetic import write_corpus
+
+from helpers import PLUGIN, cli
+
+TRAIN = ["--optimizer", "adam", "--lr", "0.01", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5",
+         "--max-tokens", "1000", "--max-update", "25", "--no-epoch-checkpoints",
+         "--seed", "1", "--cpu", "--num-workers", "0", "--log-format", "simple", "--share-all-embeddings",
+         "--criterion", "cross_entropy", "--disable-validation"]
+STOCK_SIZES = ["--encoder-layers", "2", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+               "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
+               "--decoder-attention-heads", "2", "--encoder-learned-pos", "--max-source-positions", "90"]
+PER_CHECKPOINT = {"report.md", "scores.json", "matrices.npz", "absolute.png", "identical-word.png", "profiles.png",
+                  "probe.png"}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("analysis")
+    raw = write_corpus(str(root / "raw"), train_size=600, valid_size=20, test_buckets=[(1, 8)], test_per_bucket=5,
+                       seed=5)
+    data = str(root / "bin")
+    cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", f"{raw}/train",
+        "--validpref", f"{raw}/valid", "--destdir", data, "--joined-dictionary", "--workers", "1")
+    pe = str(root / "lsin")
+    cli("fairseq-train", data, "--user-dir", PLUGIN, "--arch", "transformer_pe_tiny", *TRAIN, "--save-dir", pe,
+        "--pe-absolute", "learnable-sinusoidal", "--pe-relative", "learnable-sinusoidal")
+    stock = str(root / "stock")
+    cli("fairseq-train", data, "--user-dir", PLUGIN, "--arch", "transformer", *STOCK_SIZES, *TRAIN, "--save-dir", stock)
+    return {"lsin": os.path.join(pe, "checkpoint_last.pt"), "stock": os.path.join(stock, "checkpoint_last.pt")}
+
+
+def test_command_writes_every_file(checkpoints, tmp_path):
+    out = tmp_path / "out"
+    proc = cli("fairseq-pe-analyze", checkpoints["lsin"], checkpoints["stock"], "--out", str(out),
+               "--length", "48", "--probe-length", "80", "--num-tokens", "20")
+    # one table of both, on stdout and in properties.md
+    table = (out / "properties.md").read_text()
+    assert table in proc.stdout
+    assert re.search(r"^\| lsin \| --pe-absolute learnable-sinusoidal --pe-relative learnable-sinusoidal \|", table, re.M)
+    assert re.search(r"^\| stock \| learned APE \(stock fairseq\) \|", table, re.M)
+    assert {p.name for p in out.iterdir()} == {"lsin", "stock", "properties.md", "properties.json", "report.md",
+                                              "identical-word.png", "absolute.png"}
+    assert {p.name for p in (out / "lsin").iterdir()} == PER_CHECKPOINT | {"relative.png", "frequencies.png"}
+    assert {p.name for p in (out / "stock").iterdir()} == PER_CHECKPOINT
+    # every picture is a real PNG, and every picture a report embeds exists
+    for png in out.rglob("*.png"):
+        with Image.open(png) as im:
+            assert im.format == "PNG" and im.size[0] > 200 and im.size[1] > 150
+    for report in out.rglob("report.md"):
+        embedded = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report.read_text())
+        assert embedded and all((report.parent / e).is_file() for e in embedded), report
+    summary = {r["name"]: r for r in json.loads((out / "properties.json").read_text())}
+    assert set(summary) == {"lsin", "stock"}
+
+    s = json.loads((out / "lsin" / "scores.json").read_text())
+    assert s["length"] == 48 and s["probe_length"] == 80 and s["num_tokens"] == 20
+    # trained sinusoids, absolute and relative, are still exactly translation invariant (ψ(x − y))
+    assert s["absolute"]["1"]["dot"]["translation_invariance"] < 1e-5
+    assert s["relative"]["same_key_value"] and s["relative"]["max_distance"] == 64
+    assert s["relative"]["blocks"]["1"]["key"]["translation_invariance"] < 1e-5
+    assert s["absolute"]["1"]["probe"]["exact_share"] == 1.0  # sinusoids: position recovered exactly
+    assert [f["name"] for f in s["frequencies"]] == ["absolute", "relative"]
+    learned = torch.tensor(s["frequencies"][0]["learned"], dtype=torch.float64)
+    assert torch.equal(torch.tensor(s["frequencies"][0]["initial"]), transformer_frequencies(64).double())
+    assert not torch.allclose(learned, transformer_frequencies(64).double())  # 25 updates moved them
+    assert len(s["identical_word"]["heads"]) == 4
+    assert summary["lsin"]["identical_word.symmetry"] == s["identical_word"]["mean"]["symmetry"]
+
+    stock = json.loads((out / "stock" / "scores.json").read_text())
+    assert stock["position_limit"] == 90 and stock["relative"] is None and stock["frequencies"] == []
+    assert stock["absolute"]["1"]["dot"]["translation_invariance"] > 0.3  # a learned table is not
+
+    # the saved matrices are those of the Python API on the same checkpoint
+    loaded = load_checkpoint(checkpoints["stock"])
+    again = analyze(loaded, "stock", AnalysisOptions(length=48, probe_length=80, num_tokens=20))
+    with np.load(out / "stock" / "matrices.npz") as saved:
+        assert set(saved.files) == {"absolute_dot_block1", "absolute_cosine_block1", "identical_word_heads",
+                                    "identical_word_mean"}
+        for key, value in again.matrices.items():
+            np.testing.assert_allclose(saved[key], value.numpy(), rtol=1e-12, atol=1e-12)
+    # and the stock table's rows (fairseq offsets them by padding_idx + 1) are the vectors analysed
+    table = loaded.model.encoder.embed_positions.weight.detach().double()
+    pad = loaded.model.encoder.padding_idx
+    torch.testing.assert_close(again.matrices["absolute_dot_block1"], proximity(table[pad + 1:pad + 49]))
+
+
+def test_command_refuses_bad_input(checkpoints, tmp_path):
+    bad = cli("fairseq-pe-analyze", checkpoints["stock"], "--out", str(tmp_path / "o"), "--length", "200", check=False)
+    assert bad.returncode == 2 and "--length 200" in bad.stderr and "90 positions" in bad.stderr
+    bad = cli("fairseq-pe-analyze", checkpoints["stock"], checkpoints["lsin"], "--names", "a", "--out",
+              str(tmp_path / "o"), check=False)
+    assert bad.returncode == 2 and "--names gives 1 names for 2 checkpoints" in bad.stderr
+    missing = str(tmp_path / "nope.pt")
+    bad = cli("fairseq-pe-analyze", missing, "--out", str(tmp_path / "o"), check=False)
+    assert bad.returncode == 2 and f"{missing}: no such file" in bad.stderr
+    not_a_checkpoint = tmp_path / "junk.pt"
+    not_a_checkpoint.write_text("hello")
+    bad = cli("fairseq-pe-analyze", str(not_a_checkpoint), "--out", str(tmp_path / "o"), check=False)
+    assert bad.returncode == 2 and "cannot be read as a fairseq checkpoint" in bad.stderr
+    bad = cli("fairseq-pe-analyze", checkpoints["stock"], "--num-tokens", "100000", "--out", str(tmp_path / "o"),
+              check=False)
+    assert bad.returncode == 2 and "--num-tokens 100000" in bad.stderr
+
+
+def test_roberta_checkpoints_stock_and_floater(tmp_path):
+    stock = str(tmp_path / "roberta.pt")
+    save_untrained_checkpoint(stock, "roberta", ["--encoder-layers", "2", "--encoder-embed-dim", "32",
+                                                 "--encoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2"],
+                              vocab=60, max_positions=70)
+    loaded = load_checkpoint(stock)
+    assert loaded.family == "roberta" and loaded.description == "learned APE (stock fairseq)"
+    a = analyze(loaded, "roberta")
+    assert a.scores["length"] == 70 and a.scores["num_tokens"] == 60 - 5  # 4 specials and <mask> excluded
+    floater = str(tmp_path / "floater.pt")
+    built = save_untrained_checkpoint(floater, "roberta_pe_tiny", ["--pe-absolute", "floater", "--pe-all-blocks"],
+                                      vocab=60)
+    a = analyze(load_checkpoint(floater), "floater", AnalysisOptions(length=20, probe_length=20))
+    assert sorted(a.scores["absolute"], key=int) == ["1", "2", "3", "4"]  # one set of vectors per block
+    # the vectors analysed are those the model adds at block 3
+    flow = built.floater
+    with torch.no_grad(), flow.forward_pass(20):
+        expected = built.encoder.sentence_encoder.embed_positions.absolute(20, 3).double()
+    torch.testing.assert_close(a.matrices["absolute_dot_block3"], proximity(expected))
+    lm = str(tmp_path / "lm.pt")  # a decoder-only language model: no encoder to analyse
+    torch.save({"cfg": {"model": argparse.Namespace(arch="transformer_lm")}, "extra_state": {},
+                "model": {"decoder.embed_tokens.weight": torch.zeros(30, 16)},
+                "optimizer_history": [{"criterion_name": "cross_entropy", "optimizer_name": "adam",
+                                       "lr_scheduler_state": {"best": None}, "num_updates": 0}]}, lm)
+    with pytest.raises(CheckpointError, match="lm.pt: neither a translation model .* nor a RoBERTa model"):
+        load_checkpoint(lm)
