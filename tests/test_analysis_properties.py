@@ -59,3 +59,13 @@ def test_probe_recovers_positions_from_sinusoids_and_fails_on_random_vectors():
     random = torch.randn(length, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     miss = regression_probe(random)
     assert miss["mean_abs_error"] > 10 and miss["exact_share"] < 0.2
+
+
+def test_constant_matrix_is_invariant_but_not_monotone():
+    # what a model without position encoding gives: rounding noise must not count as variation
+    noise = torch.randn(16, 16, generator=torch.Generator().manual_seed(0)) * 1e-7
+    m = torch.full((16, 16), 0.78, dtype=torch.float32) + noise.clamp(-3e-7, 3e-7)
+    s = property_scores(m, max_offset=8)
+    assert s["constant"] and s["translation_invariance"] == 0.0
+    assert s["eq2_share"] < 0.6 and s["window_right"] <= 1
+    assert not property_scores(toeplitz([10.0 - i for i in range(12)]))["constant"]

@@ -19,10 +19,17 @@ def _pyplot():
 
 def _draw(ax, matrix: torch.Tensor, title: str, ticks: Optional[Tuple[int, int]] = None):
     """``ticks``: the (first, last) label of the rows/columns (relative distances start below 0)."""
+    import numpy as np
+
     m = matrix.detach().double().numpy()
     first, last = ticks if ticks is not None else (0, m.shape[0] - 1)
+    # colours span the 1st..99th percentile, so that one outlying entry (e.g. position 0 of a learned
+    # table) does not wash out the rest; the matrices themselves are in matrices.npz
+    low, high = np.percentile(m, [1, 99])
+    if high <= low:
+        low, high = m.min(), m.max()
     image = ax.imshow(m, cmap="viridis", origin="upper", extent=(first - 0.5, last + 0.5, last + 0.5, first - 0.5),
-                      interpolation="nearest")
+                      interpolation="nearest", vmin=low, vmax=high)
     ax.set_title(title, fontsize=9)
     ax.tick_params(labelsize=7)
     return image
@@ -31,12 +38,13 @@ def _draw(ax, matrix: torch.Tensor, title: str, ticks: Optional[Tuple[int, int]]
 def heatmap_grid(panels: Sequence[Tuple[str, torch.Tensor]], path: str, title: str = "",
                  ticks: Optional[Tuple[int, int]] = None, columns: int = 4, xlabel: str = "position y",
                  ylabel: str = "position x"):
-    """One heatmap per (title, matrix), each with its own colour bar (brighter = larger)."""
+    """One heatmap per (title, matrix), each with its own colour bar (brighter = larger; the colour
+    scale spans the 1st to 99th percentile of the matrix)."""
     plt = _pyplot()
     n = len(panels)
     cols = min(columns, n)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 3.0 * rows + 0.4), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(3.3 * cols, 6.0), 3.0 * rows + 0.5), squeeze=False)
     for ax, (name, matrix) in zip(axes.flat, panels):
         image = _draw(ax, matrix, name, ticks)
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04).ax.tick_params(labelsize=7)
@@ -45,7 +53,7 @@ def heatmap_grid(panels: Sequence[Tuple[str, torch.Tensor]], path: str, title: s
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title, fontsize=10, wrap=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -10,7 +10,8 @@ identical-word attention logit of §3.1.  The paper's properties, as numeric sco
   over all x with x+m₂ < L.  A strictly decreasing ψ gives windows of L−1−x and a share of 1.
 * **translation invariance** (Property 2, Eq. 3: φ(x₁, x₁+m) = φ(x₂, x₂+m)): for each offset m
   (positive and negative) the standard deviation of the diagonal {M[x, x+m]}_x, averaged over m and
-  divided by the standard deviation of all of M.  0 for a Toeplitz matrix.
+  divided by the standard deviation of all of M.  0 for a Toeplitz matrix, and for a constant one
+  (up to float32 rounding: ``constant`` in the scores).
 * **symmetry** (Property 3: φ(x, y) = φ(y, x)): ‖M − Mᵀ‖_F / ‖M‖_F.  0 for a symmetric matrix.
 
 For fixed frequencies ω the sinusoidal dot product depends on the offset only,
@@ -32,8 +33,16 @@ def proximity(vectors: torch.Tensor, kind: str = "dot") -> torch.Tensor:
     return v @ v.t()
 
 
+def is_constant(m: torch.Tensor, rtol: float = 1e-6) -> bool:
+    """Whether M is constant up to float32 rounding (e.g. the logits of a model without positions)."""
+    m = m.double()
+    return bool((m.max() - m.min()) <= rtol * m.abs().max().clamp_min(1e-30))
+
+
 def translation_invariance(m: torch.Tensor) -> float:
     m = m.double()
+    if is_constant(m):
+        return 0.0  # the ratio below would only measure rounding noise
     n = m.size(0)
     spread = [m.diagonal(offset).std(unbiased=False) for offset in range(-(n - 2), n - 1)]
     scale = m.std(unbiased=False).clamp_min(1e-12)
@@ -95,6 +104,6 @@ def psi_decreasing_window(omegas: torch.Tensor, max_offset: int = 1000) -> int:
 
 
 def property_scores(m: torch.Tensor, max_offset: int = 32) -> Dict[str, float]:
-    out = {"translation_invariance": translation_invariance(m), "symmetry": symmetry(m)}
+    out = {"translation_invariance": translation_invariance(m), "symmetry": symmetry(m), "constant": is_constant(m)}
     out.update(monotonicity(m, max_offset))
     return out

@@ -261,7 +261,7 @@ def checkpoint_markdown(a: Analysis, pictures: Dict[str, str]) -> str:
              f"- matrices over positions 0..{s['length'] - 1}; probe over 0..{s['probe_length'] - 1}; identical-word "
              f"probing averaged over {s['num_tokens']} random words (seed {s['options']['seed']}); "
              f"Eq. 2 share over offsets up to {s['options']['max_offset']}",
-             f"- computed in {s['seconds']} s", "",
+             f"- scores computed in {s['seconds']} s", "",
              "## Property scores", "",
              "Definitions: the README's *Analysis* section (translation invariance and symmetry: 0 is exact; "
              "window: how many offsets φ(x, x+m) keeps strictly decreasing, median over x).", "",
@@ -319,9 +319,16 @@ def summary_rows(analyses: Sequence[Analysis]) -> List[Dict[str, object]]:
 
 def summary_markdown(analyses: Sequence[Analysis]) -> str:
     rows = summary_rows(analyses)
-    first = analyses[0].scores
-    out = [f"Identical-word probing: first-layer attention logits, mean of heads, positions 0..{first['length'] - 1}, "
-           f"{first['num_tokens']} random words.", "",
+
+    def shared(key, fmt):
+        values = {a.name: a.scores[key] for a in analyses}
+        if len(set(values.values())) == 1:
+            return fmt(next(iter(values.values())))
+        return fmt("L") + " (" + ", ".join(f"{n}: {v}" for n, v in values.items()) + ")"
+
+    lengths = shared("length", lambda n: f"positions 0..{n - 1}" if isinstance(n, int) else f"{n} positions")
+    words = shared("num_tokens", lambda n: f"{n} random words" if isinstance(n, int) else "random words")
+    out = [f"Identical-word probing: first-layer attention logits, mean of heads, {lengths}, {words}.", "",
            "| checkpoint | encoding " + SCORE_HEADER, "|---|---|---|---|---|---|---|"]
     out += [f"| {r['name']} | {r['encoding']} | " + " | ".join(_fmt(r[f'identical_word.{c}']) for c in SCORE_COLUMNS)
             + " |" for r in rows]
@@ -401,11 +408,13 @@ def analyze_checkpoints(paths: Sequence[str], out_dir: str, names: Optional[Sequ
         raise AnalysisError(f"two checkpoints would be named {duplicated}: pass --names")
     analyses = []
     for i, (path, name) in enumerate(zip(paths, names), 1):
+        start = time.time()
         logger.info(f"[{i}/{len(paths)}] {name}: loading {path}")
         loaded = load_checkpoint(path)
         analysis = analyze(loaded, name, options)
         write_checkpoint(analysis, os.path.join(out_dir, name))
-        logger.info(f"[{i}/{len(paths)}] {name}: done in {analysis.scores['seconds']} s -> {out_dir}/{name}/report.md")
+        logger.info(f"[{i}/{len(paths)}] {name}: loaded, analysed and written in {time.time() - start:.1f} s "
+                    f"-> {out_dir}/{name}/report.md")
         analyses.append(analysis)
     write_comparison(analyses, out_dir)
     return analyses
