@@ -3,7 +3,8 @@
     fairseq-pe-analyze CHECKPOINT [CHECKPOINT ...] --out DIR
 
 For every checkpoint (``transformer_pe``, ``roberta_pe``, or fairseq's stock ``transformer`` /
-``roberta``; no data directory needed) it writes DIR/NAME/:
+``roberta``; no data directory needed) it analyses the encoder (``--side decoder``: a translation
+model's decoder) and writes DIR/NAME/:
   report.md           the scores and the pictures below, with what they mean
   scores.json         every score (per block, per head)
   matrices.npz        the proximity matrices and identical-word logits
@@ -46,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-offset", type=int, default=32,
                    help="largest offset counted in the Eq. 2 share of monotonicity (default 32)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random words (default 0)")
+    p.add_argument("--side", choices=["encoder", "decoder"], default="encoder",
+                   help="which stack of a translation model to analyse (default: the encoder; RoBERTa has "
+                        "only an encoder). On the decoder, identical-word logits exist for keys up to the query")
     p.add_argument("--user-dir", default=None,
                    help="another fairseq plugin to import first, for checkpoints of its models")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -67,7 +71,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from fairseq_pe.analysis import AnalysisError, AnalysisOptions, CheckpointError, analyze_checkpoints
 
     options = AnalysisOptions(length=args.length, probe_length=args.probe_length, num_tokens=args.num_tokens,
-                              max_offset=args.max_offset, seed=args.seed)
+                              max_offset=args.max_offset, seed=args.seed, side=args.side)
     try:
         analyses = analyze_checkpoints(args.checkpoints, args.out, names=args.names, options=options)
     except (AnalysisError, CheckpointError) as e:

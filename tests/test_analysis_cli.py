@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fairseq_pe.analysis import AnalysisOptions, analyze, load_checkpoint
+from fairseq_pe.analysis import AnalysisError, AnalysisOptions, analyze, load_checkpoint
 from fairseq_pe.analysis.checkpoint import CheckpointError, save_untrained_checkpoint
 from fairseq_pe.analysis.properties import proximity
 from fairseq_pe.positional.sinusoidal import transformer_frequencies
@@ -106,6 +106,24 @@ def test_command_writes_every_file(checkpoints, tmp_path):
     torch.testing.assert_close(again.matrices["absolute_dot_block1"], proximity(table[pad + 1:pad + 49]))
 
 
+def test_decoder_side(checkpoints, tmp_path):
+    out = tmp_path / "dec"
+    cli("fairseq-pe-analyze", checkpoints["lsin"], "--side", "decoder", "--out", str(out), "--length", "24",
+        "--probe-length", "24", "--num-tokens", "10")
+    s = json.loads((out / "lsin" / "scores.json").read_text())
+    assert s["side"] == "decoder" and s["layers"] == 2
+    # a decoder looks back only: no rightward window, no symmetry; its relative vectors are -K..0
+    iw = s["identical_word"]["mean"]
+    assert iw["window_right"] is None and iw["symmetry"] is None and iw["window_left"] is not None
+    assert iw["translation_invariance"] >= 0 and 0 <= iw["eq2_share"] <= 1
+    assert s["relative"]["distances"] == [-64, 0]
+    with np.load(out / "lsin" / "matrices.npz") as saved:
+        logits = saved["identical_word_mean"]
+        assert np.isnan(logits[np.triu_indices(24, 1)]).all() and not np.isnan(logits[np.tril_indices(24)]).any()
+        assert saved["relative_key_dot_block1"].shape == (65, 65)
+    assert "(decoder)" in (out / "properties.md").read_text()
+
+
 def test_command_refuses_bad_input(checkpoints, tmp_path):
     bad = cli("fairseq-pe-analyze", checkpoints["stock"], "--out", str(tmp_path / "o"), "--length", "200", check=False)
     assert bad.returncode == 2 and "--length 200" in bad.stderr and "90 positions" in bad.stderr
@@ -143,6 +161,8 @@ def test_roberta_checkpoints_stock_and_floater(tmp_path):
     with torch.no_grad(), flow.forward_pass(20):
         expected = built.encoder.sentence_encoder.embed_positions.absolute(20, 3).double()
     torch.testing.assert_close(a.matrices["absolute_dot_block3"], proximity(expected))
+    with pytest.raises(AnalysisError, match="--side decoder: .*roberta.pt is a roberta model, which has no decoder"):
+        analyze(load_checkpoint(stock), "roberta", AnalysisOptions(side="decoder"))
     lm = str(tmp_path / "lm.pt")  # a decoder-only language model: no encoder to analyse
     torch.save({"cfg": {"model": argparse.Namespace(arch="transformer_lm")}, "extra_state": {},
                 "model": {"decoder.embed_tokens.weight": torch.zeros(30, 16)},

@@ -69,3 +69,16 @@ def test_constant_matrix_is_invariant_but_not_monotone():
     assert s["constant"] and s["translation_invariance"] == 0.0
     assert s["eq2_share"] < 0.6 and s["window_right"] <= 1
     assert not property_scores(toeplitz([10.0 - i for i in range(12)]))["constant"]
+
+
+def test_causal_matrix_is_scored_on_the_entries_that_exist():
+    # a decoder's identical-word logits: keys after the query do not exist (NaN)
+    from fairseq_pe.analysis.properties import causal
+
+    full = toeplitz([10.0 - i for i in range(12)])
+    s = property_scores(causal(full), max_offset=8)
+    assert s["translation_invariance"] == 0.0 and s["eq2_share"] == 1.0
+    assert s["window_right"] is None and s["symmetry"] is None
+    assert s["window_left"] == property_scores(full, max_offset=8)["window_left"]
+    rising = causal(toeplitz([float(i) for i in range(12)]))  # attends more to far-away keys
+    assert property_scores(rising, max_offset=8)["eq2_share"] == 0.0

@@ -90,3 +90,36 @@ def test_batched_identical_word_logits_equal_one_token_at_a_time():
     for i, t in enumerate(tokens):
         torch.testing.assert_close(batched[i], identical_word_logits(model, t, 20))
     assert not torch.allclose(batched[0], batched[1])  # the word matters, only its average is word-free
+
+
+def test_decoder_identical_word_logits_are_the_first_layers_own():
+    # q·k/√d of the decoder's first layer, computed by hand from its embedding and projections
+    model, d = build_model("--pe-absolute", "learned")
+    dec = model.decoder
+    tokens = torch.full((1, 10), d.nspecial + 2)
+    with torch.no_grad():
+        x = dec.embed_scale * dec.embed_tokens(tokens) + dec.embed_positions(tokens)
+        x = x.transpose(0, 1)
+        layer = dec.layers[0]
+        if layer.normalize_before:
+            x = layer.self_attn_layer_norm(x)
+        attn = layer.self_attn
+        q = attn.q_proj(x)[:, 0].view(10, attn.num_heads, -1).transpose(0, 1) * attn.scaling
+        k = attn.k_proj(x)[:, 0].view(10, attn.num_heads, -1).transpose(0, 1)
+        expected = (q @ k.transpose(1, 2)).double()
+    got = identical_word_logits(model, d.nspecial + 2, 10, side="decoder")
+    future = torch.ones(10, 10, dtype=torch.bool).triu(1)
+    assert got[:, future].isnan().all()
+    torch.testing.assert_close(got[:, ~future], expected[:, ~future])
+    # the encoder's are another stack's
+    assert not torch.allclose(identical_word_logits(model, d.nspecial + 2, 10)[:, ~future], got[:, ~future])
+
+
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_floater_biases_reach_the_identical_word_logits(side):
+    model, d = build_model("--pe-absolute", "sinusoidal", "--pe-floater-bias")
+    with_dynamics = identical_word_logits(model, d.nspecial + 1, 16, side)
+    with torch.no_grad():
+        model.floater.zero_dynamics()  # h ≡ 0: every position gets its initial value as bias
+    without = identical_word_logits(model, d.nspecial + 1, 16, side)
+    assert (with_dynamics - without).nan_to_num().abs().max() > 1e-3

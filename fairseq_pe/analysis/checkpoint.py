@@ -34,6 +34,7 @@ class LoadedCheckpoint:
     path: str
     model: torch.nn.Module
     dictionary: object  # placeholder source dictionary of the stored size
+    target_dictionary: object  # the decoder's (the source one for RoBERTa)
     arch: str
     family: str  # "translation" or "roberta"
     description: str  # the position encodings, in command-line terms
@@ -120,7 +121,8 @@ def load_checkpoint(path: str) -> LoadedCheckpoint:
     non_words = list(range(src_dict.nspecial))
     if family == "roberta":
         non_words.append(len(src_dict) - 1)  # <mask>, appended by the masked_lm task
-    return LoadedCheckpoint(path=path, model=model.eval(), dictionary=src_dict, arch=arch, family=family,
+    return LoadedCheckpoint(path=path, model=model.eval(), dictionary=src_dict, target_dictionary=tgt_dict,
+                            arch=arch, family=family,
                             description=describe_encoding(model_cfg), non_words=non_words,
                             config={"arch": arch, "family": family, "vocabulary": len(src_dict)})
 

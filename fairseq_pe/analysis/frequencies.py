@@ -16,7 +16,7 @@ from fairseq_pe.positional.sinusoidal import (FixedSinusoidalPositionEncoding, L
                                               transformer_frequencies)
 
 from .properties import psi, psi_decreasing_window
-from .vectors import encoder_of
+from .vectors import side_of
 
 PSI_OFFSETS = 128
 
@@ -35,10 +35,10 @@ def _entry(name: str, learned: torch.Tensor, initial: torch.Tensor, max_offset: 
     }
 
 
-def learned_frequencies(model, max_offset: int = PSI_OFFSETS) -> List[Dict[str, object]]:
-    """One entry per set of learnable frequencies of the encoder: the APE's, and the RPE's per
-    layer and head when untied.  ψ curves for m = 0 .. ``max_offset``; windows over 0 .. 1000."""
-    injector = encoder_of(model).embed_positions
+def learned_frequencies(model, max_offset: int = PSI_OFFSETS, side: str = "encoder") -> List[Dict[str, object]]:
+    """One entry per set of learnable frequencies of ``side``: the APE's, and the RPE's per layer
+    and head when untied.  ψ curves for m = 0 .. ``max_offset``; windows over 0 .. 1000."""
+    injector = side_of(model, side).embed_positions
     out = []
     absolute = getattr(injector, "absolute", None)
     if isinstance(absolute, LearnableSinusoidalPositionEncoding):
@@ -56,9 +56,9 @@ def learned_frequencies(model, max_offset: int = PSI_OFFSETS) -> List[Dict[str, 
     return out
 
 
-def fixed_psi_window(model) -> Dict[str, int]:
-    """ψ windows of the fixed sinusoids the encoder uses (the paper's 43 at D = 512/768, 5 at D = 64)."""
-    injector = encoder_of(model).embed_positions
+def fixed_psi_window(model, side: str = "encoder") -> Dict[str, int]:
+    """ψ windows of the fixed sinusoids ``side`` uses (the paper's 43 at D = 512/768, 5 at D = 64)."""
+    injector = side_of(model, side).embed_positions
     out = {}
     if isinstance(getattr(injector, "absolute", None), FixedSinusoidalPositionEncoding):
         out["absolute"] = psi_decreasing_window(injector.absolute.omega)

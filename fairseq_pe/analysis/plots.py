@@ -25,9 +25,9 @@ def _draw(ax, matrix: torch.Tensor, title: str, ticks: Optional[Tuple[int, int]]
     first, last = ticks if ticks is not None else (0, m.shape[0] - 1)
     # colours span the 1st..99th percentile, so that one outlying entry (e.g. position 0 of a learned
     # table) does not wash out the rest; the matrices themselves are in matrices.npz
-    low, high = np.percentile(m, [1, 99])
+    low, high = np.nanpercentile(m, [1, 99])  # NaN: keys a decoder's query never sees (left blank)
     if high <= low:
-        low, high = m.min(), m.max()
+        low, high = np.nanmin(m), np.nanmax(m)
     image = ax.imshow(m, cmap="viridis", origin="upper", extent=(first - 0.5, last + 0.5, last + 0.5, first - 0.5),
                       interpolation="nearest", vmin=low, vmax=high)
     ax.set_title(title, fontsize=9)
@@ -60,11 +60,18 @@ def heatmap_grid(panels: Sequence[Tuple[str, torch.Tensor]], path: str, title: s
 
 
 def offset_profile(matrix: torch.Tensor, max_offset: int) -> Tuple[List[int], List[float]]:
-    """Mean over x of M[x, x+m] for m = -max_offset .. max_offset (the diagonals of M)."""
+    """Mean over x of M[x, x+m] for m = -max_offset .. max_offset (the diagonals of M); offsets
+    without entries (a decoder's future keys, NaN) are left out."""
     n = matrix.size(0)
     span = min(max_offset, n - 1)
-    offsets = list(range(-span, span + 1))
-    return offsets, [float(matrix.double().diagonal(m).mean()) for m in offsets]
+    offsets, means = [], []
+    for m in range(-span, span + 1):
+        diagonal = matrix.double().diagonal(m)
+        diagonal = diagonal[~diagonal.isnan()]
+        if diagonal.numel():
+            offsets.append(m)
+            means.append(float(diagonal.mean()))
+    return offsets, means
 
 
 def profile_plot(curves: Sequence[Tuple[str, torch.Tensor]], path: str, max_offset: int, title: str = ""):

@@ -2,9 +2,10 @@
 matrices (``matrices.npz``) and a Markdown report per checkpoint, plus one table of property
 scores across checkpoints.
 
-What is analysed is the encoder (RoBERTa's sentence encoder): its absolute vectors (every block
-when each block gets its own), its relative vectors (Shaw-style encodings), the first layer's
-identical-word logits and learned frequencies.  The definitions of the scores are in
+What is analysed is the encoder (RoBERTa's sentence encoder), or with ``side="decoder"`` a
+translation model's decoder: its absolute vectors (every block when each block gets its own), its
+relative vectors (Shaw-style encodings), the first layer's identical-word logits (on the decoder,
+only keys up to the query: the others are NaN) and learned frequencies.  The definitions of the scores are in
 :mod:`fairseq_pe.analysis.properties` and in the README.
 """
 
@@ -24,7 +25,7 @@ from .checkpoint import LoadedCheckpoint
 from .frequencies import fixed_psi_window, learned_frequencies
 from .probes import regression_probe
 from .properties import property_scores, proximity
-from .vectors import absolute_vectors, averaged_identical_word_logits, encoder_of, relative_vectors
+from .vectors import SIDES, absolute_vectors, averaged_identical_word_logits, relative_vectors, side_of
 
 logger = logging.getLogger("fairseq_pe.analysis")
 
@@ -44,6 +45,7 @@ class AnalysisOptions:
     num_tokens: Optional[int] = None  # random words averaged in identical-word probing; None: 100 or all words
     max_offset: int = 32  # offsets m1 < m2 <= max_offset counted in the Eq. 2 share
     seed: int = 0
+    side: str = "encoder"  # or "decoder" (translation models)
 
 
 @dataclass
@@ -53,9 +55,9 @@ class Analysis:
     matrices: Dict[str, torch.Tensor]  # name -> (L, L) or (H, L, L), for pictures and matrices.npz
 
 
-def position_limit(model) -> Optional[int]:
-    """How many positions the encoder's absolute encoding holds (None: any length)."""
-    injector = encoder_of(model).embed_positions
+def position_limit(model, side: str = "encoder") -> Optional[int]:
+    """How many positions the absolute encoding of ``side`` holds (None: any length)."""
+    injector = side_of(model, side).embed_positions
     if injector is None:
         return None
     if isinstance(injector, PositionInjector):
@@ -87,22 +89,24 @@ def _count(requested: Optional[int], default: int, words: int) -> int:
     return requested
 
 
-def _heads(model) -> int:
-    return encoder_of(model).layers[0].self_attn.num_heads
-
-
 def analyze(checkpoint: LoadedCheckpoint, name: str, options: AnalysisOptions = AnalysisOptions()) -> Analysis:
     """Every score and matrix of one checkpoint (see the module docstring)."""
     start = time.time()
     model = checkpoint.model
-    limit = position_limit(model)
+    side = options.side
+    if side not in SIDES:
+        raise AnalysisError(f"--side must be one of {', '.join(SIDES)}, not {side!r}")
+    if side == "decoder" and checkpoint.family != "translation":
+        raise AnalysisError(f"--side decoder: {checkpoint.path} is a {checkpoint.family} model, which has no decoder")
+    limit = position_limit(model, side)
     length = _length(options.length, DEFAULT_LENGTH, limit, "--length")
     probe_length = _length(options.probe_length, DEFAULT_PROBE_LENGTH, limit, "--probe-length")
-    encoder = encoder_of(model)
+    stack = side_of(model, side)
     scores: Dict[str, object] = {
         "name": name, "checkpoint": os.path.abspath(checkpoint.path), "arch": checkpoint.arch,
-        "family": checkpoint.family, "encoding": checkpoint.description,
-        "embed_dim": int(encoder.embed_tokens.embedding_dim), "layers": len(encoder.layers), "heads": _heads(model),
+        "family": checkpoint.family, "encoding": checkpoint.description, "side": side,
+        "embed_dim": int(stack.embed_tokens.embedding_dim), "layers": len(stack.layers),
+        "heads": stack.layers[0].self_attn.num_heads,
         "position_limit": limit, "options": asdict(options), "length": length, "probe_length": probe_length,
     }
     matrices: Dict[str, torch.Tensor] = {}
@@ -111,7 +115,7 @@ def analyze(checkpoint: LoadedCheckpoint, name: str, options: AnalysisOptions = 
         return property_scores(matrix, options.max_offset)
 
     # absolute vectors: proximity, properties, regression probe (per block)
-    vectors = absolute_vectors(model, max(length, probe_length))
+    vectors = absolute_vectors(model, max(length, probe_length), side)
     if vectors:
         absolute = {}
         for block, v in vectors.items():
@@ -125,38 +129,43 @@ def analyze(checkpoint: LoadedCheckpoint, name: str, options: AnalysisOptions = 
     else:
         scores["absolute"] = None
 
-    # relative vectors a^K (and a^V when they differ): dot products over distances -K..K
-    relative = relative_vectors(model)
+    # relative vectors a^K (and a^V when they differ): dot products over distances -K..K; a decoder
+    # only looks back, so there only -K..0 (the vectors of keys after the query are never used)
+    relative = relative_vectors(model, side)
     if relative:
         out = {}
+        k = (next(iter(relative.values()))[0].size(-2) - 1) // 2
+        last = k if side == "encoder" else 0
         for block, (key, value) in relative.items():
             entry = {}
             for kind, vec in (("key", key), ("value", value)):
                 if kind == "value" and torch.equal(key, value):
                     continue
+                vec = vec[..., :k + last + 1, :]
                 dot = proximity(vec) if vec.dim() == 2 else torch.stack([proximity(h) for h in vec]).mean(0)
                 matrices[f"relative_{kind}_dot_block{block}"] = dot
                 entry[kind] = scored(dot)
             out[str(block)] = entry
-        k = (next(iter(relative.values()))[0].size(-2) - 1) // 2
-        scores["relative"] = {"max_distance": k, "blocks": out, "same_key_value": "value" not in out["1"]}
+        scores["relative"] = {"max_distance": k, "distances": [-k, last], "blocks": out,
+                              "same_key_value": "value" not in out["1"]}
         logger.info(f"{name}: relative vectors ({time.time() - start:.1f}s)")
     else:
         scores["relative"] = None
 
     # identical-word probing: first layer, per head and averaged over heads
-    words = len(checkpoint.dictionary) - len(set(checkpoint.non_words))
-    num_tokens = _count(options.num_tokens, DEFAULT_NUM_TOKENS, words)
+    dictionary = checkpoint.dictionary if side == "encoder" else checkpoint.target_dictionary
+    non_words = set(checkpoint.non_words if side == "encoder" else range(dictionary.nspecial))
+    num_tokens = _count(options.num_tokens, DEFAULT_NUM_TOKENS, len(dictionary) - len(non_words))
     scores["num_tokens"] = num_tokens
-    logits = averaged_identical_word_logits(model, checkpoint.dictionary, length, num_tokens,
-                                            options.seed, exclude=checkpoint.non_words)
+    logits = averaged_identical_word_logits(model, dictionary, length, num_tokens, options.seed,
+                                            exclude=non_words, side=side)
     matrices["identical_word_heads"] = logits
     matrices["identical_word_mean"] = logits.mean(0)
     scores["identical_word"] = {"mean": scored(logits.mean(0)), "heads": [scored(h) for h in logits]}
     logger.info(f"{name}: identical-word probing over {num_tokens} words ({time.time() - start:.1f}s)")
 
-    scores["frequencies"] = learned_frequencies(model)
-    scores["fixed_psi_window"] = fixed_psi_window(model)
+    scores["frequencies"] = learned_frequencies(model, side=side)
+    scores["fixed_psi_window"] = fixed_psi_window(model, side)
     scores["seconds"] = round(time.time() - start, 2)
     return Analysis(name=name, scores=scores, matrices=matrices)
 
@@ -222,11 +231,11 @@ def write_checkpoint(a: Analysis, out_dir: str) -> Dict[str, str]:
                   s["absolute"][b]["probe"]["errors"]) for b in blocks]
         plots.probe_plot(probe, picture("probe", "probe.png"))
     if s["relative"]:
-        k = s["relative"]["max_distance"]
+        first, last = s["relative"]["distances"]
         panels = [(f"a^{key.split('_')[1][0].upper()} block {key.rsplit('block', 1)[1]}", m)
                   for key, m in a.matrices.items() if key.startswith("relative_")]
         plots.heatmap_grid(panels, picture("relative", "relative.png"),
-                           f"{a.name}: dot products of relative position vectors", ticks=(-k, k),
+                           f"{a.name}: dot products of relative position vectors", ticks=(first, last),
                            xlabel="distance", ylabel="distance")
     heads = a.matrices["identical_word_heads"]
     plots.heatmap_grid([("mean of heads", a.matrices["identical_word_mean"])]
@@ -255,7 +264,7 @@ def checkpoint_markdown(a: Analysis, pictures: Dict[str, str]) -> str:
     s = a.scores
     lines = [f"# Position analysis: {a.name}", "",
              f"- checkpoint: `{s['checkpoint']}`",
-             f"- `--arch {s['arch']}` ({s['family']}), encoder: D = {s['embed_dim']}, {s['layers']} layers, "
+             f"- `--arch {s['arch']}` ({s['family']}), {s['side']}: D = {s['embed_dim']}, {s['layers']} layers, "
              f"{s['heads']} heads",
              f"- position encoding: {s['encoding']}",
              f"- matrices over positions 0..{s['length'] - 1}; probe over 0..{s['probe_length'] - 1}; identical-word "
@@ -302,7 +311,8 @@ def summary_rows(analyses: Sequence[Analysis]) -> List[Dict[str, object]]:
     rows = []
     for a in analyses:
         s = a.scores
-        row = {"name": a.name, "encoding": s["encoding"], "arch": s["arch"]}
+        row = {"name": a.name, "encoding": s["encoding"] + (" (decoder)" if s["side"] == "decoder" else ""),
+               "side": s["side"], "arch": s["arch"]}
         for prefix, sc in (("identical_word", s["identical_word"]["mean"]),
                            ("absolute", (s["absolute"] or {}).get("1", {}).get("dot")),
                            ("relative", ((s["relative"] or {}).get("blocks") or {}).get("1", {}).get("key"))):
@@ -342,7 +352,8 @@ def summary_markdown(analyses: Sequence[Analysis]) -> str:
                 + f" | {_fmt(r['probe.mean_abs_error'])} | {_fmt(r['psi_window_learned'])} |" for r in with_abs]
     with_rel = [r for r in rows if r["relative.symmetry"] is not None]
     if with_rel:
-        out += ["", "Relative position vectors a^K (block 1), dot products over distances −K..K.", "",
+        span = "−K..K" + (" (decoder: −K..0)" if any(r["side"] == "decoder" for r in with_rel) else "")
+        out += ["", f"Relative position vectors a^K (block 1), dot products over distances {span}.", "",
                 "| checkpoint | encoding " + SCORE_HEADER, "|---|---|---|---|---|---|---|"]
         out += [f"| {r['name']} | {r['encoding']} | " + " | ".join(_fmt(r[f'relative.{c}']) for c in SCORE_COLUMNS)
                 + " |" for r in with_rel]

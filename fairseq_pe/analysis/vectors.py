@@ -1,7 +1,8 @@
 """Position vectors and identical-word attention logits of a model (Wang et al. 2021, §3.1, §5.2).
 
 Works for ``transformer_pe`` and ``roberta_pe`` models (every ``--pe-*`` encoding, FLOATER
-included) and for fairseq's stock ``transformer``/``roberta`` (sinusoidal or learned positions).
+included) and for fairseq's stock ``transformer``/``roberta`` (sinusoidal or learned positions),
+on the encoder side (RoBERTa's sentence encoder) or, for translation models, the decoder side.
 """
 
 from typing import Dict, List, Optional, Tuple
@@ -11,11 +12,24 @@ import torch
 from fairseq_pe.models.floater_setup import floater_pass
 from fairseq_pe.positional.injector import PositionInjector
 
+SIDES = ("encoder", "decoder")
 
-def encoder_of(model):
-    """The Transformer encoder holding the positions: RoBERTa's sentence encoder, or the encoder."""
+
+def side_of(model, side: str = "encoder"):
+    """The Transformer stack holding the positions: the encoder (RoBERTa's sentence encoder) or the decoder."""
+    if side not in SIDES:
+        raise ValueError(f"side must be one of {SIDES}, not {side!r}")
+    if side == "decoder":
+        decoder = getattr(model, "decoder", None)
+        if decoder is None or not hasattr(decoder, "layers"):
+            raise ValueError("--side decoder: this model has no Transformer decoder (RoBERTa is an encoder)")
+        return decoder
     encoder = model.encoder
     return getattr(encoder, "sentence_encoder", encoder)
+
+
+def encoder_of(model):
+    return side_of(model, "encoder")
 
 
 def _flow(injector) -> Optional[object]:
@@ -28,10 +42,10 @@ def _flow(injector) -> Optional[object]:
     return None
 
 
-def absolute_vectors(model, length: int) -> Dict[int, torch.Tensor]:
-    """Block -> (length, D) absolute vectors of the encoder (only block 1 unless every block has its
+def absolute_vectors(model, length: int, side: str = "encoder") -> Dict[int, torch.Tensor]:
+    """Block -> (length, D) absolute vectors of ``side`` (only block 1 unless every block has its
     own); empty without an absolute encoding."""
-    encoder = encoder_of(model)
+    encoder = side_of(model, side)
     injector = encoder.embed_positions
     if injector is None:
         return {}
@@ -48,11 +62,11 @@ def absolute_vectors(model, length: int) -> Dict[int, torch.Tensor]:
         return {1: injector(tokens)[0].detach().double().clone()}
 
 
-def relative_vectors(model) -> Dict[int, Tuple[torch.Tensor, torch.Tensor]]:
+def relative_vectors(model, side: str = "encoder") -> Dict[int, Tuple[torch.Tensor, torch.Tensor]]:
     """Block -> (a^K, a^V) of a vector-valued relative encoding, each (2K+1, d) or (H, 2K+1, d), index
     r + K for the distance r = j - i; block 1 only when the blocks share them (the default); empty
     for other encodings (RoPE, ALiBi, T5 act on the logits only: see :func:`identical_word_logits`)."""
-    encoder = encoder_of(model)
+    encoder = side_of(model, side)
     rel = getattr(encoder.embed_positions, "relative", None)
     if rel is None or not hasattr(rel, "vectors") or not hasattr(rel, "max_distance"):
         return {}
@@ -65,29 +79,56 @@ def relative_vectors(model) -> Dict[int, Tuple[torch.Tensor, torch.Tensor]]:
         return out
 
 
-def identical_word_logits(model, token, length: int) -> torch.Tensor:
+class _FirstLayerInput(Exception):
+    def __init__(self, x):
+        self.x = x
+
+
+def _first_layer_input(stack, tokens: torch.Tensor, side: str) -> torch.Tensor:
+    """What the stack's first layer receives for ``tokens``, (T, B, C): the stack's own forward
+    (embedding scale, positions, layer norm, FLOATER's solve), stopped at the first layer."""
+    def capture(module, args):
+        raise _FirstLayerInput(args[0])
+
+    handle = stack.layers[0].register_forward_pre_hook(capture)
+    try:
+        if side == "encoder":
+            stack(tokens, src_lengths=torch.full((tokens.size(0),), tokens.size(1), dtype=torch.long))
+        else:
+            stack.extract_features(tokens, encoder_out=None)
+    except _FirstLayerInput as stop:
+        return stop.x
+    finally:
+        handle.remove()
+    raise RuntimeError("the first layer was never called")
+
+
+def identical_word_logits(model, token, length: int, side: str = "encoder") -> torch.Tensor:
     """Attention logits of the first layer for sequences of one repeated token (§3.1, Eq. 5):
     ā_ij = (w̄ + p_i) W^Q ((w̄ + p_j) W^K)ᵀ / √d, plus what a relative encoding adds; with the token
-    fixed they depend on positions only.  ``token``: an id -> (H, L, L); a list of ids -> (N, H, L, L)."""
+    fixed they depend on positions only.  ``token``: an id -> (H, L, L); a list of ids -> (N, H, L, L).
+    On the decoder side the keys after the query (j > i), which it never sees, are NaN."""
     tokens = torch.as_tensor(token, dtype=torch.long)
     single = tokens.dim() == 0
     tokens = tokens.reshape(-1, 1).expand(-1, length)
-    encoder = encoder_of(model)
-    layer = encoder.layers[0]
+    stack = side_of(model, side)
+    layer = stack.layers[0]
     attn = layer.self_attn
     fast_path_off = attn.skip_embed_dim_check
     attn._set_skip_embed_dim_check()  # fairseq's fused path ignores before_softmax
     try:
-        with torch.no_grad(), floater_pass(_flow(encoder.embed_positions), length):
-            x, _ = encoder.forward_embedding(tokens)
-            x = x.transpose(0, 1)
+        with torch.no_grad():
+            x = _first_layer_input(stack, tokens, side)
             if layer.normalize_before:
                 x = layer.self_attn_layer_norm(x)
+            # FLOATER's Q/K/V biases were computed by the stack's forward, for these positions
             logits, _ = attn(query=x, key=x, value=x, key_padding_mask=None, need_weights=False,
                              before_softmax=True)
     finally:
         attn.skip_embed_dim_check = fast_path_off
     logits = logits.view(tokens.size(0), attn.num_heads, length, length).double()
+    if side == "decoder":
+        logits = logits.masked_fill(torch.ones(length, length, dtype=torch.bool).triu(1), float("nan"))
     return logits[0] if single else logits
 
 
@@ -103,11 +144,11 @@ def word_sample(dictionary, num_tokens: int, seed: int = 0, exclude=()) -> List[
 
 
 def averaged_identical_word_logits(model, dictionary, length: int, num_tokens: int = 100,
-                                   seed: int = 0, exclude=(), chunk: int = 8) -> torch.Tensor:
+                                   seed: int = 0, exclude=(), chunk: int = 8, side: str = "encoder") -> torch.Tensor:
     """Identical-word logits (H, L, L) averaged over ``num_tokens`` random words (§5.2, Fig. 3)."""
     tokens = word_sample(dictionary, num_tokens, seed, exclude)
     total = None
     for i in range(0, len(tokens), chunk):
-        part = identical_word_logits(model, tokens[i:i + chunk], length).sum(0)
+        part = identical_word_logits(model, tokens[i:i + chunk], length, side).sum(0)
         total = part if total is None else total + part
     return total / len(tokens)
