@@ -48,7 +48,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     systems = [BASELINE] + [s for s in args.systems if s != BASELINE]
     os.makedirs(args.out, exist_ok=True)
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    # the child imports this checkout's fairseq_pe, whatever is installed
+    env = dict(os.environ, PYTHONWARNINGS="ignore",
+               PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(HERE), os.environ.get("PYTHONPATH")])))
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
     results = {}

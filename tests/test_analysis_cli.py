@@ -48,7 +48,8 @@ def checkpoints(tmp_path_factory):
         "--pe-absolute", "learnable-sinusoidal", "--pe-relative", "learnable-sinusoidal")
     stock = str(root / "stock")
     cli("fairseq-train", data, "--user-dir", PLUGIN, "--arch", "transformer", *STOCK_SIZES, *TRAIN, "--save-dir", stock)
-    return {"lsin": os.path.join(pe, "checkpoint_last.pt"), "stock": os.path.join(stock, "checkpoint_last.pt")}
+    return {"lsin": os.path.join(pe, "checkpoint_last.pt"), "stock": os.path.join(stock, "checkpoint_last.pt"),
+            "data": data}
 
 
 def test_command_writes_every_file(checkpoints, tmp_path):
@@ -90,10 +91,14 @@ def test_command_writes_every_file(checkpoints, tmp_path):
 
     stock = json.loads((out / "stock" / "scores.json").read_text())
     assert stock["position_limit"] == 90 and stock["relative"] is None and stock["frequencies"] == []
+    # the data folder is still there: its dictionary, without fairseq-preprocess's madeupword padding
+    assert stock["dictionary"] == f"{checkpoints['data']}/dict.src.txt, {checkpoints['data']}/dict.tgt.txt"
     assert stock["absolute"]["1"]["dot"]["translation_invariance"] > 0.3  # a learned table is not
 
     # the saved matrices are those of the Python API on the same checkpoint
     loaded = load_checkpoint(checkpoints["stock"])
+    padding = [i for i in range(len(loaded.dictionary)) if loaded.dictionary[i].startswith("madeupword")]
+    assert padding and set(padding) <= set(loaded.non_words())
     again = analyze(loaded, "stock", AnalysisOptions(length=48, probe_length=80, num_tokens=20))
     with np.load(out / "stock" / "matrices.npz") as saved:
         assert set(saved.files) == {"absolute_dot_block1", "absolute_cosine_block1", "identical_word_heads",
@@ -122,6 +127,29 @@ def test_decoder_side(checkpoints, tmp_path):
         assert np.isnan(logits[np.triu_indices(24, 1)]).all() and not np.isnan(logits[np.tril_indices(24)]).any()
         assert saved["relative_key_dot_block1"].shape == (65, 65)
     assert "(decoder)" in (out / "properties.md").read_text()
+    loaded = load_checkpoint(checkpoints["lsin"])
+    again = analyze(loaded, "lsin", AnalysisOptions(length=24, probe_length=24, num_tokens=10, side="decoder"))
+    with np.load(out / "lsin" / "matrices.npz") as saved:
+        for key, value in again.matrices.items():
+            np.testing.assert_allclose(saved[key], value.numpy(), rtol=1e-12, atol=1e-12)
+    encoder_side = analyze(loaded, "lsin", AnalysisOptions(length=24, probe_length=24, num_tokens=10))
+    assert not np.allclose(np.nan_to_num(encoder_side.matrices["identical_word_mean"].numpy()),
+                           np.nan_to_num(again.matrices["identical_word_mean"].numpy()))
+
+    # a stock decoder: fairseq's own sinusoids (the encoder has a learned table), offset by padding_idx + 1
+    from fairseq.modules import SinusoidalPositionalEmbedding
+
+    stock = load_checkpoint(checkpoints["stock"])
+    assert stock.encoding("encoder") == "learned APE (stock fairseq)"
+    assert stock.encoding("decoder") == "sinusoidal APE (stock fairseq)"
+    dec = analyze(stock, "stock", AnalysisOptions(length=24, probe_length=24, num_tokens=10, side="decoder"))
+    pad = stock.model.decoder.padding_idx
+    table = SinusoidalPositionalEmbedding.get_embedding(pad + 1 + 24, 32, pad)[pad + 1:].double()
+    torch.testing.assert_close(dec.matrices["absolute_dot_block1"], proximity(table))
+    # ψ window of fairseq's frequencies (10000^(-i/(D/2-1))), read off the table itself
+    psi = (table[:1] @ table[:200].t())[0]
+    window = next(m for m in range(200) if psi[m + 1] >= psi[m])
+    assert dec.scores["fixed_psi_window"] == {"absolute": window}
 
 
 def test_command_refuses_bad_input(checkpoints, tmp_path):
@@ -140,17 +168,25 @@ def test_command_refuses_bad_input(checkpoints, tmp_path):
     bad = cli("fairseq-pe-analyze", checkpoints["stock"], "--num-tokens", "100000", "--out", str(tmp_path / "o"),
               check=False)
     assert bad.returncode == 2 and "--num-tokens 100000" in bad.stderr
+    # an option that one of several checkpoints cannot take fails before anything is analysed
+    out = tmp_path / "several"
+    bad = cli("fairseq-pe-analyze", checkpoints["lsin"], checkpoints["stock"], "--length", "120", "--out", str(out),
+              check=False)
+    assert bad.returncode == 2 and f"{checkpoints['stock']}: --length 120" in bad.stderr and not out.exists()
 
 
 def test_roberta_checkpoints_stock_and_floater(tmp_path):
     stock = str(tmp_path / "roberta.pt")
     save_untrained_checkpoint(stock, "roberta", ["--encoder-layers", "2", "--encoder-embed-dim", "32",
                                                  "--encoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2"],
-                              vocab=60, max_positions=70)
+                              vocab=60, max_positions=70, task={"_name": "masked_lm", "tokens_per_sample": 40})
     loaded = load_checkpoint(stock)
     assert loaded.family == "roberta" and loaded.description == "learned APE (stock fairseq)"
+    # rows beyond the 40 trained positions keep their initialisation: the defaults stop there
     a = analyze(loaded, "roberta")
-    assert a.scores["length"] == 70 and a.scores["num_tokens"] == 60 - 5  # 4 specials and <mask> excluded
+    assert loaded.trained_length == 40 and a.scores["length"] == 40 and a.scores["probe_length"] == 40
+    assert a.scores["num_tokens"] == 55 and loaded.non_words() == [0, 1, 2, 3, 59]  # specials and <mask>
+    assert analyze(loaded, "roberta", AnalysisOptions(length=70)).scores["length"] == 70  # asked for: allowed
     floater = str(tmp_path / "floater.pt")
     built = save_untrained_checkpoint(floater, "roberta_pe_tiny", ["--pe-absolute", "floater", "--pe-all-blocks"],
                                       vocab=60)

@@ -37,14 +37,15 @@ def test_sinusoidal_dot_products_are_toeplitz():
     omega = transformer_frequencies(d).double()
     pos = torch.arange(length, dtype=torch.float64)[:, None] * omega[None]
     vectors = torch.cat([torch.sin(pos), torch.cos(pos)], dim=-1)
-    m = proximity(vectors)
-    assert translation_invariance(m) < 1e-9 and symmetry(m) < 1e-12
+    assert translation_invariance(proximity(vectors)) < 1e-9
 
 
 def test_psi_windows_of_the_paper():
     assert psi_decreasing_window(transformer_frequencies(64)) == 5
     assert psi_decreasing_window(transformer_frequencies(512)) == 43
     assert psi_decreasing_window(transformer_frequencies(768)) == 43
+    assert psi_decreasing_window(transformer_frequencies(128)) == 11
+    assert psi_decreasing_window(transformer_frequencies(16)) == 3
 
 
 def test_probe_recovers_positions_from_sinusoids_and_fails_on_random_vectors():
@@ -82,3 +83,26 @@ def test_causal_matrix_is_scored_on_the_entries_that_exist():
     assert s["window_left"] == property_scores(full, max_offset=8)["window_left"]
     rising = causal(toeplitz([float(i) for i in range(12)]))  # attends more to far-away keys
     assert property_scores(rising, max_offset=8)["eq2_share"] == 0.0
+
+
+def test_direction_asymmetry_of_relative_vectors():
+    from fairseq_pe.analysis.properties import direction_asymmetry
+
+    g = torch.Generator().manual_seed(0)
+    half = torch.randn(5, 8, generator=g, dtype=torch.float64)  # a_1 .. a_5
+    mirrored = torch.cat([half.flip(0), torch.randn(1, 8, generator=g, dtype=torch.float64), half])  # a_-r = a_r
+    assert direction_asymmetry(mirrored) < 1e-12
+    assert direction_asymmetry(torch.randn(11, 8, generator=g, dtype=torch.float64)) > 1.0  # independent vectors
+    # sinusoids of the signed distance: the sines flip sign with r
+    omega = transformer_frequencies(8).double()
+    r = torch.arange(-5, 6, dtype=torch.float64)[:, None] * omega[None]
+    sinusoid = torch.cat([torch.sin(r), torch.cos(r)], dim=-1)
+    sines = torch.cat([torch.sin(r), torch.zeros_like(r)], dim=-1)
+    expected = float(2 * sines[6:].norm() / sinusoid.norm())
+    assert abs(direction_asymmetry(sinusoid) - expected) < 1e-12
+
+
+def test_gram_matrices_get_no_symmetry_score():
+    m = toeplitz([10.0 - i for i in range(12)])
+    assert property_scores(m, gram=True)["symmetry"] is None
+    assert property_scores(m)["symmetry"] == 0.0

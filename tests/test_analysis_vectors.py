@@ -50,12 +50,13 @@ def test_every_block_of_floater_all_blocks():
 
 
 # Wang et al. Table 1 on untrained encodings: (flags, matrix, translation invariant, symmetric).
-# APEs are judged on the dot products of their vectors, RPEs on identical-word logits (the
-# proximity they add to attention); the word-free cross terms make APE logits not Toeplitz.
+# APEs are judged on the dot products of their vectors (symmetric by construction: None), RPEs on
+# identical-word logits (the proximity they add to attention) and on their vectors of r against -r;
+# the word-position cross terms make APE logits not Toeplitz.
 TABLE_1 = [
-    (["--pe-absolute", "sinusoidal"], "absolute", True, True),
-    (["--pe-absolute", "learnable-sinusoidal"], "absolute", True, True),
-    (["--pe-absolute", "learned"], "absolute", False, True),
+    (["--pe-absolute", "sinusoidal"], "absolute", True, None),
+    (["--pe-absolute", "learnable-sinusoidal"], "absolute", True, None),
+    (["--pe-absolute", "learned"], "absolute", False, None),
     (["--pe-absolute", "none", "--pe-relative", "learned"], "identical-word", True, False),
     (["--pe-absolute", "none", "--pe-relative", "sinusoidal"], "identical-word", True, False),
     (["--pe-absolute", "none", "--pe-relative", "learnable-sinusoidal"], "identical-word", True, False),
@@ -64,14 +65,17 @@ TABLE_1 = [
 
 @pytest.mark.parametrize("flags,matrix,invariant,symmetric", TABLE_1, ids=[" ".join(t[0][1::2]) for t in TABLE_1])
 def test_table_1_pattern(flags, matrix, invariant, symmetric):
+    from fairseq_pe.analysis.properties import direction_asymmetry
+
     model, d = build_model(*flags)
     if matrix == "absolute":
-        m = proximity(absolute_vectors(model, 64)[1])
+        s = property_scores(proximity(absolute_vectors(model, 64)[1]), max_offset=16, gram=True)
     else:
-        m = identical_word_logits(model, d.nspecial + 5, 64).mean(0)
-    s = property_scores(m, max_offset=16)
+        s = property_scores(identical_word_logits(model, d.nspecial + 5, 64).mean(0), max_offset=16)
+        assert (s["symmetry"] < 1e-9) == symmetric, s
+        key, _ = relative_vectors(model)[1]
+        assert direction_asymmetry(key) > 0.3  # forward and backward distances differ (Table 1: ×)
     assert (s["translation_invariance"] < 1e-5) == invariant, s
-    assert (s["symmetry"] < 1e-9) == symmetric, s
 
 
 def test_sinusoidal_ape_is_monotone_exactly_over_the_psi_window():

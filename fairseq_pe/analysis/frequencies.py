@@ -12,7 +12,8 @@ from typing import Dict, List
 import torch
 
 from fairseq_pe.positional.relative_vectors import LearnableSinusoidalRelativePositionEncoding
-from fairseq_pe.positional.sinusoidal import (FixedSinusoidalPositionEncoding, LearnableSinusoidalPositionEncoding,
+from fairseq_pe.positional.sinusoidal import (FairseqSinusoidalPositionEncoding, FixedSinusoidalPositionEncoding,
+                                              LearnableSinusoidalPositionEncoding, fairseq_frequencies,
                                               transformer_frequencies)
 
 from .properties import psi, psi_decreasing_window
@@ -58,10 +59,15 @@ def learned_frequencies(model, max_offset: int = PSI_OFFSETS, side: str = "encod
 
 def fixed_psi_window(model, side: str = "encoder") -> Dict[str, int]:
     """ψ windows of the fixed sinusoids ``side`` uses (the paper's 43 at D = 512/768, 5 at D = 64)."""
+    from fairseq.modules import SinusoidalPositionalEmbedding
+
     injector = side_of(model, side).embed_positions
     out = {}
-    if isinstance(getattr(injector, "absolute", None), FixedSinusoidalPositionEncoding):
+    if isinstance(getattr(injector, "absolute", None), (FixedSinusoidalPositionEncoding,
+                                                        FairseqSinusoidalPositionEncoding)):
         out["absolute"] = psi_decreasing_window(injector.absolute.omega)
+    elif isinstance(injector, SinusoidalPositionalEmbedding):  # fairseq's stock sinusoids
+        out["absolute"] = psi_decreasing_window(fairseq_frequencies(injector.embedding_dim))
     relative = getattr(injector, "relative", None)
     if relative is not None and getattr(relative, "registry_name", None) == "sinusoidal":
         out["relative"] = psi_decreasing_window(relative.omega)

@@ -97,15 +97,14 @@ def frequency_plot(entries: Sequence[dict], path: str):
     """Learned against initial frequencies (log scale) and the ψ(m) curves they give."""
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.4))
-    for i, e in enumerate(entries):
+    for i, e in enumerate(entries):  # each set against its own initial values (D differs: model or head)
         colour = f"C{i % 10}"
         left.plot([abs(w) for w in e["learned"]], color=colour, label=f"{e['name']} learned")
+        left.plot(e["initial"], color=colour, linestyle="--", linewidth=0.8, label=f"{e['name']} initial")
         right.plot(e["psi_learned"], color=colour,
                    label=f"{e['name']} learned (decreasing to m={e['psi_window_learned']})")
-    first = entries[0]
-    left.plot(first["initial"], color="black", linestyle="--", label="initial 10000^(-2i/D)")
-    right.plot(first["psi_initial"], color="black", linestyle="--",
-               label=f"initial (decreasing to m={first['psi_window_initial']})")
+        right.plot(e["psi_initial"], color=colour, linestyle="--", linewidth=0.8,
+                   label=f"{e['name']} initial (decreasing to m={e['psi_window_initial']})")
     left.set_yscale("log")
     left.set_xlabel("i", fontsize=8)
     left.set_ylabel("|ω_i| (cos is even: ψ ignores the sign)", fontsize=8)

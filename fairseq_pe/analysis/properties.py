@@ -16,6 +16,10 @@ over the entries that exist.  The paper's properties, as numeric scores:
   divided by the standard deviation of all of M.  0 for a Toeplitz matrix, and for a constant one
   (up to float32 rounding: ``constant`` in the scores).
 * **symmetry** (Property 3: φ(x, y) = φ(y, x)): ‖M − Mᵀ‖_F / ‖M‖_F.  0 for a symmetric matrix.
+  A Gram matrix (dot products or cosines of vectors) is symmetric by construction, so it gets
+  ``None`` (``gram=True``).  Relative vectors are judged instead by how the vector of a distance r
+  differs from that of −r: :func:`direction_asymmetry`, ‖a_r − a_{−r}‖_F / ‖a‖_F over r ≠ 0
+  (0 when forward and backward distances share a vector; Table 1's × for RPEs).
 
 A score that has no entry to be computed on (leftward windows of a causal matrix are fine,
 rightward ones and symmetry are not) is ``None``.
@@ -124,6 +128,14 @@ def symmetry(m: torch.Tensor) -> Optional[float]:
     return float((a - b).norm() / a.norm().clamp_min(1e-12))
 
 
+def direction_asymmetry(vectors: torch.Tensor) -> float:
+    """Relative vectors (…, 2K+1, d), index r + K for r = −K..K -> ‖a_r − a_{−r}‖_F / ‖a‖_F, r ≠ 0."""
+    v = vectors.double()
+    k = (v.size(-2) - 1) // 2
+    forward, backward = v[..., k + 1:, :], v[..., :k, :].flip(-2)
+    return float((forward - backward).norm() / v.norm().clamp_min(1e-12))
+
+
 def psi(omegas: torch.Tensor, max_offset: int) -> torch.Tensor:
     """ψ(m) = Σ_i cos(ω_i·m) for m = 0 .. max_offset."""
     offsets = torch.arange(max_offset + 1, dtype=torch.float64)
@@ -135,7 +147,11 @@ def psi_decreasing_window(omegas: torch.Tensor, max_offset: int = 1000) -> int:
     return _window(psi(omegas, max_offset))
 
 
-def property_scores(m: torch.Tensor, max_offset: int = 32) -> Dict[str, object]:
-    out = {"translation_invariance": translation_invariance(m), "symmetry": symmetry(m), "constant": is_constant(m)}
+def property_scores(m: torch.Tensor, max_offset: int = 32, gram: bool = False) -> Dict[str, object]:
+    """The scores of the module docstring; ``gram``: M is a Gram matrix (symmetry is then ``None``)."""
+    if max_offset < 1:
+        raise ValueError(f"max_offset must be >= 1, got {max_offset}")
+    out = {"translation_invariance": translation_invariance(m), "symmetry": None if gram else symmetry(m),
+           "constant": is_constant(m), "max_offset_used": min(max_offset, m.size(0) - 1)}
     out.update(monotonicity(m, max_offset))
     return out

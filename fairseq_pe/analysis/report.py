@@ -24,7 +24,7 @@ from . import plots
 from .checkpoint import LoadedCheckpoint
 from .frequencies import fixed_psi_window, learned_frequencies
 from .probes import regression_probe
-from .properties import property_scores, proximity
+from .properties import direction_asymmetry, property_scores, proximity
 from .vectors import SIDES, absolute_vectors, averaged_identical_word_logits, relative_vectors, side_of
 
 logger = logging.getLogger("fairseq_pe.analysis")
@@ -70,49 +70,70 @@ def position_limit(model, side: str = "encoder") -> Optional[int]:
     return None
 
 
-def _length(requested: Optional[int], default: int, limit: Optional[int], flag: str) -> int:
+def _length(requested: Optional[int], default: int, limit: Optional[int], trained: Optional[int], flag: str,
+            where: str) -> int:
+    """The positions to use: ``requested``, or the default capped at the table size and at the
+    training length when the checkpoint records it (rows beyond it were never trained)."""
     if requested is None:
-        return default if limit is None else min(default, limit)
+        return min(n for n in (default, limit, trained) if n is not None)
     if requested < 4:
         raise AnalysisError(f"{flag} must be at least 4, got {requested}")
     if limit is not None and requested > limit:
-        raise AnalysisError(f"{flag} {requested}: the checkpoint's position table holds only {limit} positions; "
+        raise AnalysisError(f"{where}: {flag} {requested}, but its position table holds only {limit} positions; "
                             f"pass {flag} {limit} or less")
     return requested
 
 
-def _count(requested: Optional[int], default: int, words: int) -> int:
+def _count(requested: Optional[int], default: int, words: int, where: str) -> int:
     if requested is None:
         return min(default, words)
     if not 1 <= requested <= words:
-        raise AnalysisError(f"--num-tokens {requested}: the dictionary has {words} words (specials excluded)")
+        raise AnalysisError(f"{where}: --num-tokens {requested}, but its dictionary has {words} words "
+                            "(specials, <mask>, language tags and madeupword padding excluded)")
     return requested
+
+
+def check_options(checkpoint: LoadedCheckpoint, options: AnalysisOptions) -> Dict[str, object]:
+    """Validate ``options`` for ``checkpoint`` and resolve the defaults: {"side", "length",
+    "probe_length", "num_tokens", "limit", "trained_length"}.  Errors name the checkpoint."""
+    where = checkpoint.path
+    side = options.side
+    if side not in SIDES:
+        raise AnalysisError(f"--side must be one of {', '.join(SIDES)}, not {side!r}")
+    if side == "decoder" and checkpoint.family != "translation":
+        raise AnalysisError(f"--side decoder: {where} is a {checkpoint.family} model, which has no decoder")
+    if options.max_offset < 1:
+        raise AnalysisError(f"--max-offset must be >= 1, got {options.max_offset}")
+    limit = position_limit(checkpoint.model, side)
+    trained = checkpoint.trained_length if side == "encoder" else None
+    dictionary = checkpoint.dictionary if side == "encoder" else checkpoint.target_dictionary
+    words = len(dictionary) - len(set(checkpoint.non_words(side)))
+    return {"side": side, "limit": limit, "trained_length": trained,
+            "length": _length(options.length, DEFAULT_LENGTH, limit, trained, "--length", where),
+            "probe_length": _length(options.probe_length, DEFAULT_PROBE_LENGTH, limit, trained, "--probe-length", where),
+            "num_tokens": _count(options.num_tokens, DEFAULT_NUM_TOKENS, words, where)}
 
 
 def analyze(checkpoint: LoadedCheckpoint, name: str, options: AnalysisOptions = AnalysisOptions()) -> Analysis:
     """Every score and matrix of one checkpoint (see the module docstring)."""
     start = time.time()
     model = checkpoint.model
-    side = options.side
-    if side not in SIDES:
-        raise AnalysisError(f"--side must be one of {', '.join(SIDES)}, not {side!r}")
-    if side == "decoder" and checkpoint.family != "translation":
-        raise AnalysisError(f"--side decoder: {checkpoint.path} is a {checkpoint.family} model, which has no decoder")
-    limit = position_limit(model, side)
-    length = _length(options.length, DEFAULT_LENGTH, limit, "--length")
-    probe_length = _length(options.probe_length, DEFAULT_PROBE_LENGTH, limit, "--probe-length")
+    resolved = check_options(checkpoint, options)
+    side, limit, length, probe_length = (resolved[k] for k in ("side", "limit", "length", "probe_length"))
     stack = side_of(model, side)
     scores: Dict[str, object] = {
         "name": name, "checkpoint": os.path.abspath(checkpoint.path), "arch": checkpoint.arch,
-        "family": checkpoint.family, "encoding": checkpoint.description, "side": side,
+        "family": checkpoint.family, "encoding": checkpoint.encoding(side), "side": side,
+        "dictionary": checkpoint.dictionary_source,
         "embed_dim": int(stack.embed_tokens.embedding_dim), "layers": len(stack.layers),
         "heads": stack.layers[0].self_attn.num_heads,
-        "position_limit": limit, "options": asdict(options), "length": length, "probe_length": probe_length,
+        "position_limit": limit, "trained_length": resolved["trained_length"], "options": asdict(options),
+        "length": length, "probe_length": probe_length,
     }
     matrices: Dict[str, torch.Tensor] = {}
 
-    def scored(matrix):
-        return property_scores(matrix, options.max_offset)
+    def scored(matrix, gram=False):
+        return property_scores(matrix, options.max_offset, gram=gram)
 
     # absolute vectors: proximity, properties, regression probe (per block)
     vectors = absolute_vectors(model, max(length, probe_length), side)
@@ -122,12 +143,13 @@ def analyze(checkpoint: LoadedCheckpoint, name: str, options: AnalysisOptions = 
             dot, cos = proximity(v[:length]), proximity(v[:length], "cosine")
             matrices[f"absolute_dot_block{block}"] = dot
             matrices[f"absolute_cosine_block{block}"] = cos
-            absolute[str(block)] = {"dot": scored(dot), "cosine": scored(cos),
+            absolute[str(block)] = {"dot": scored(dot, gram=True), "cosine": scored(cos, gram=True),
                                     "probe": regression_probe(v[:probe_length])}
         scores["absolute"] = absolute
         logger.info(f"{name}: absolute vectors of {len(vectors)} block(s) ({time.time() - start:.1f}s)")
     else:
         scores["absolute"] = None
+        scores["probe_length"] = None
 
     # relative vectors a^K (and a^V when they differ): dot products over distances -K..K; a decoder
     # only looks back, so there only -K..0 (the vectors of keys after the query are never used)
@@ -141,10 +163,12 @@ def analyze(checkpoint: LoadedCheckpoint, name: str, options: AnalysisOptions = 
             for kind, vec in (("key", key), ("value", value)):
                 if kind == "value" and torch.equal(key, value):
                     continue
-                vec = vec[..., :k + last + 1, :]
-                dot = proximity(vec) if vec.dim() == 2 else torch.stack([proximity(h) for h in vec]).mean(0)
+                used = vec[..., :k + last + 1, :]
+                dot = proximity(used) if used.dim() == 2 else torch.stack([proximity(h) for h in used]).mean(0)
                 matrices[f"relative_{kind}_dot_block{block}"] = dot
-                entry[kind] = scored(dot)
+                entry[kind] = scored(dot, gram=True)
+                # a decoder never uses r > 0, so forward against backward means nothing there
+                entry[kind]["direction_asymmetry"] = direction_asymmetry(vec) if side == "encoder" else None
             out[str(block)] = entry
         scores["relative"] = {"max_distance": k, "distances": [-k, last], "blocks": out,
                               "same_key_value": "value" not in out["1"]}
@@ -154,11 +178,9 @@ def analyze(checkpoint: LoadedCheckpoint, name: str, options: AnalysisOptions = 
 
     # identical-word probing: first layer, per head and averaged over heads
     dictionary = checkpoint.dictionary if side == "encoder" else checkpoint.target_dictionary
-    non_words = set(checkpoint.non_words if side == "encoder" else range(dictionary.nspecial))
-    num_tokens = _count(options.num_tokens, DEFAULT_NUM_TOKENS, len(dictionary) - len(non_words))
-    scores["num_tokens"] = num_tokens
+    num_tokens = scores["num_tokens"] = resolved["num_tokens"]
     logits = averaged_identical_word_logits(model, dictionary, length, num_tokens, options.seed,
-                                            exclude=non_words, side=side)
+                                            exclude=set(checkpoint.non_words(side)), side=side)
     matrices["identical_word_heads"] = logits
     matrices["identical_word_mean"] = logits.mean(0)
     scores["identical_word"] = {"mean": scored(logits.mean(0)), "heads": [scored(h) for h in logits]}
@@ -184,10 +206,14 @@ def _fmt(value, digits: int = 3) -> str:
 
 SCORE_COLUMNS = ["translation_invariance", "window_right", "window_left", "eq2_share", "symmetry"]
 SCORE_HEADER = "| translation invariance ↓ | window → | window ← | Eq. 2 share | symmetry ↓ |"
+# vectors' dot products: symmetric by construction (no symmetry column); relative vectors instead
+# get the asymmetry between the vectors of r and -r
+VECTOR_COLUMNS = SCORE_COLUMNS[:4]
+VECTOR_HEADER = "| translation invariance ↓ | window → | window ← | Eq. 2 share |"
 
 
 def _score_cells(s: Optional[dict]) -> str:
-    return " | ".join(_fmt(s[c] if s else None) for c in SCORE_COLUMNS)
+    return " | ".join(_fmt(s.get(c) if s else None) for c in SCORE_COLUMNS)
 
 
 def _score_rows(a: Analysis) -> List[tuple]:
@@ -198,7 +224,8 @@ def _score_rows(a: Analysis) -> List[tuple]:
         rows.append((f"absolute vectors, block {block}, cosine", entry["cosine"]))
     for block, entry in ((a.scores["relative"] or {}).get("blocks") or {}).items():
         for kind, s in entry.items():
-            rows.append((f"relative vectors a^{kind[0].upper()}, block {block}, dot product", s))
+            rows.append((f"relative vectors a^{kind[0].upper()}, block {block}, dot product "
+                         f"(a_r vs a_−r asymmetry {_fmt(s['direction_asymmetry'])})", s))
     rows.append(("identical-word logits, mean of heads", a.scores["identical_word"]["mean"]))
     for h, s in enumerate(a.scores["identical_word"]["heads"]):
         rows.append((f"identical-word logits, head {h + 1}", s))
@@ -267,9 +294,13 @@ def checkpoint_markdown(a: Analysis, pictures: Dict[str, str]) -> str:
              f"- `--arch {s['arch']}` ({s['family']}), {s['side']}: D = {s['embed_dim']}, {s['layers']} layers, "
              f"{s['heads']} heads",
              f"- position encoding: {s['encoding']}",
-             f"- matrices over positions 0..{s['length'] - 1}; probe over 0..{s['probe_length'] - 1}; identical-word "
-             f"probing averaged over {s['num_tokens']} random words (seed {s['options']['seed']}); "
-             f"Eq. 2 share over offsets up to {s['options']['max_offset']}",
+             f"- matrices over positions 0..{s['length'] - 1}"
+             + (f"; probe over 0..{s['probe_length'] - 1}" if s["probe_length"] else "")
+             + f"; identical-word probing averaged over {s['num_tokens']} random words (seed "
+             f"{s['options']['seed']}); Eq. 2 share over offsets up to {s['options']['max_offset']} (up to L − 1 "
+             "for smaller matrices: `max_offset_used` in scores.json)",
+             f"- dictionary: {s['dictionary']}"
+             + (f"; trained on sequences of {s['trained_length']} tokens" if s["trained_length"] else ""),
              f"- scores computed in {s['seconds']} s", "",
              "## Property scores", "",
              "Definitions: the README's *Analysis* section (translation invariance and symmetry: 0 is exact; "
@@ -313,11 +344,14 @@ def summary_rows(analyses: Sequence[Analysis]) -> List[Dict[str, object]]:
         s = a.scores
         row = {"name": a.name, "encoding": s["encoding"] + (" (decoder)" if s["side"] == "decoder" else ""),
                "side": s["side"], "arch": s["arch"]}
+        relative = ((s["relative"] or {}).get("blocks") or {}).get("1", {}).get("key")
+        row["has_absolute"], row["has_relative"] = bool(s["absolute"]), relative is not None
         for prefix, sc in (("identical_word", s["identical_word"]["mean"]),
                            ("absolute", (s["absolute"] or {}).get("1", {}).get("dot")),
-                           ("relative", ((s["relative"] or {}).get("blocks") or {}).get("1", {}).get("key"))):
+                           ("relative", relative)):
             for c in SCORE_COLUMNS:
                 row[f"{prefix}.{c}"] = sc[c] if sc else None
+        row["relative.direction_asymmetry"] = relative["direction_asymmetry"] if relative else None
         probe = (s["absolute"] or {}).get("1", {}).get("probe")
         row["probe.mean_abs_error"] = probe["mean_abs_error"] if probe else None
         row["probe.exact_share"] = probe["exact_share"] if probe else None
@@ -342,21 +376,22 @@ def summary_markdown(analyses: Sequence[Analysis]) -> str:
            "| checkpoint | encoding " + SCORE_HEADER, "|---|---|---|---|---|---|---|"]
     out += [f"| {r['name']} | {r['encoding']} | " + " | ".join(_fmt(r[f'identical_word.{c}']) for c in SCORE_COLUMNS)
             + " |" for r in rows]
-    with_abs = [r for r in rows if r["absolute.symmetry"] is not None]
+    with_abs = [r for r in rows if r["has_absolute"]]
     if with_abs:
-        out += ["", "Absolute position vectors (block 1), dot products; the regression probe's mean |error| "
-                "on odd positions.", "",
-                "| checkpoint | encoding " + SCORE_HEADER + " probe error | ψ window (learned ω) |",
-                "|---|---|---|---|---|---|---|---|---|"]
-        out += [f"| {r['name']} | {r['encoding']} | " + " | ".join(_fmt(r[f'absolute.{c}']) for c in SCORE_COLUMNS)
+        out += ["", "Absolute position vectors (block 1), dot products (symmetric by construction); the "
+                "regression probe's mean |error| on odd positions.", "",
+                "| checkpoint | encoding " + VECTOR_HEADER + " probe error | ψ window (learned ω) |",
+                "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {r['name']} | {r['encoding']} | " + " | ".join(_fmt(r[f'absolute.{c}']) for c in VECTOR_COLUMNS)
                 + f" | {_fmt(r['probe.mean_abs_error'])} | {_fmt(r['psi_window_learned'])} |" for r in with_abs]
-    with_rel = [r for r in rows if r["relative.symmetry"] is not None]
+    with_rel = [r for r in rows if r["has_relative"]]
     if with_rel:
         span = "−K..K" + (" (decoder: −K..0)" if any(r["side"] == "decoder" for r in with_rel) else "")
-        out += ["", f"Relative position vectors a^K (block 1), dot products over distances {span}.", "",
-                "| checkpoint | encoding " + SCORE_HEADER, "|---|---|---|---|---|---|---|"]
-        out += [f"| {r['name']} | {r['encoding']} | " + " | ".join(_fmt(r[f'relative.{c}']) for c in SCORE_COLUMNS)
-                + " |" for r in with_rel]
+        out += ["", f"Relative position vectors a^K (block 1), dot products over distances {span}; asymmetry: "
+                "‖a_r − a_−r‖ / ‖a‖ (0 when forward and backward distances share a vector).", "",
+                "| checkpoint | encoding " + VECTOR_HEADER + " asymmetry |", "|---|---|---|---|---|---|---|"]
+        out += [f"| {r['name']} | {r['encoding']} | " + " | ".join(_fmt(r[f'relative.{c}']) for c in VECTOR_COLUMNS)
+                + f" | {_fmt(r['relative.direction_asymmetry'])} |" for r in with_rel]
     return "\n".join(out) + "\n"
 
 
@@ -417,6 +452,11 @@ def analyze_checkpoints(paths: Sequence[str], out_dir: str, names: Optional[Sequ
     if len(set(names)) != len(names):
         duplicated = sorted({n for n in names if names.count(n) > 1})
         raise AnalysisError(f"two checkpoints would be named {duplicated}: pass --names")
+    if len(paths) > 1 and (options.length is not None or options.probe_length is not None
+                           or options.num_tokens is not None or options.side != "encoder"):
+        # explicit options can fail for one checkpoint: find out before analysing any
+        for path in paths:
+            check_options(load_checkpoint(path), options)
     analyses = []
     for i, (path, name) in enumerate(zip(paths, names), 1):
         start = time.time()
@@ -427,5 +467,7 @@ def analyze_checkpoints(paths: Sequence[str], out_dir: str, names: Optional[Sequ
         logger.info(f"[{i}/{len(paths)}] {name}: loaded, analysed and written in {time.time() - start:.1f} s "
                     f"-> {out_dir}/{name}/report.md")
         analyses.append(analysis)
+    if options.probe_length is not None and not any(a.scores["absolute"] for a in analyses):
+        logger.warning("--probe-length had no effect: no checkpoint has absolute position vectors to probe")
     write_comparison(analyses, out_dir)
     return analyses
