@@ -2,19 +2,19 @@
 
 ``transformer_pe`` / ``roberta_pe`` checkpoints and fairseq's stock ``transformer`` / ``roberta``
 (and their architectures) are rebuilt from the configuration stored in the checkpoint, as
-``fairseq-generate`` does, except that no task is set up: the analysis needs no data
-directory, so the dictionaries are placeholders of the stored sizes (position analysis feeds
-token ids, never words).  Every encoder weight must load; a checkpoint of another kind of
-model is refused with the reason.
+``fairseq-generate`` does, except that no task is set up: the analysis needs no data directory.
+The dictionaries are the task's own when its data folder is still there, else placeholders of
+the stored sizes (position analysis feeds token ids, never words).  Every stored weight must
+load; a checkpoint of another kind of model is refused with the reason.
 """
 
 import argparse
 import contextlib
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import torch
 from omegaconf import OmegaConf, open_dict
@@ -43,7 +43,6 @@ class LoadedCheckpoint:
     dictionary_source: str = ""
     #: tokens per training sequence when the checkpoint records it (masked LM), else None
     trained_length: Optional[int] = None
-    config: Dict[str, object] = field(default_factory=dict)
 
     def encoding(self, side: str = "encoder") -> str:
         """The position encoding of ``side``, in command-line terms."""
@@ -209,8 +208,7 @@ def load_checkpoint(path: str) -> LoadedCheckpoint:
         else None
     return LoadedCheckpoint(path=path, model=model.eval(), dictionary=src_dict, target_dictionary=tgt_dict,
                             arch=arch, family=family, model_cfg=model_cfg, dictionary_source=source,
-                            trained_length=int(trained) if trained else None,
-                            config={"arch": arch, "family": family, "vocabulary": len(src_dict)})
+                            trained_length=int(trained) if trained else None)
 
 
 def save_untrained_checkpoint(path: str, arch: str, flags=(), vocab: int = 1000, seed: int = 0,

@@ -95,8 +95,7 @@ def _offset_rows(m: torch.Tensor, sign: int):
     return values, inside & ~values.isnan()
 
 
-def _median_window(m: torch.Tensor, sign: int) -> Optional[float]:
-    values, valid = _offset_rows(m, sign)
+def _median_window(values: torch.Tensor, valid: torch.Tensor) -> Optional[float]:
     has_offset = valid[:, 0] & valid[:, 1]  # rows with φ(x, x) and a first neighbour on this side
     if not bool(has_offset.any()):
         return None
@@ -105,18 +104,17 @@ def _median_window(m: torch.Tensor, sign: int) -> Optional[float]:
 
 def monotonicity(m: torch.Tensor, max_offset: int = 32) -> Dict[str, Optional[float]]:
     m = m.double()
-    n = m.size(0)
-    held = total = 0
-    span = min(max_offset, n - 1)
-    for sign in (+1, -1):
+    span = min(max_offset, m.size(0) - 1)
+    pairs = torch.ones(span + 1, span + 1, dtype=torch.bool).triu(1)  # offsets m1 < m2 <= span
+    windows, held, total = {}, 0, 0
+    for sign, name in ((+1, "window_right"), (-1, "window_left")):
         values, valid = _offset_rows(m, sign)
-        for m1 in range(0, span):
-            for m2 in range(m1 + 1, span + 1):
-                both = valid[:, m1] & valid[:, m2]
-                held += int((values[:, m1] > values[:, m2])[both].sum())
-                total += int(both.sum())
-    return {"window_right": _median_window(m, +1), "window_left": _median_window(m, -1),
-            "eq2_share": held / total if total else None}
+        windows[name] = _median_window(values, valid)
+        v, ok = values[:, :span + 1], valid[:, :span + 1]
+        both = ok[:, :, None] & ok[:, None, :] & pairs  # (x, m1, m2) with both entries
+        held += int(((v[:, :, None] > v[:, None, :]) & both).sum())
+        total += int(both.sum())
+    return {**windows, "eq2_share": held / total if total else None}
 
 
 def symmetry(m: torch.Tensor) -> Optional[float]:

@@ -5,11 +5,11 @@ included) and for fairseq's stock ``transformer``/``roberta`` (sinusoidal or lea
 on the encoder side (RoBERTa's sentence encoder) or, for translation models, the decoder side.
 """
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 
-from fairseq_pe.models.floater_setup import floater_pass
+from fairseq_pe.models.floater_setup import floater_pass, flow_of
 from fairseq_pe.positional.injector import PositionInjector
 
 SIDES = ("encoder", "decoder")
@@ -28,20 +28,6 @@ def side_of(model, side: str = "encoder"):
     return getattr(encoder, "sentence_encoder", encoder)
 
 
-def encoder_of(model):
-    return side_of(model, "encoder")
-
-
-def _flow(injector) -> Optional[object]:
-    if not isinstance(injector, PositionInjector):
-        return None
-    for client in (injector.absolute, injector.self_bias):
-        flow = getattr(client, "flow", None)
-        if flow is not None:
-            return flow
-    return None
-
-
 def absolute_vectors(model, length: int, side: str = "encoder") -> Dict[int, torch.Tensor]:
     """Block -> (length, D) absolute vectors of ``side`` (only block 1 unless every block has its
     own); empty without an absolute encoding."""
@@ -54,7 +40,7 @@ def absolute_vectors(model, length: int, side: str = "encoder") -> Dict[int, tor
             if injector.absolute is None:
                 return {}
             blocks = range(1, len(encoder.layers) + 1) if injector.all_blocks else [1]
-            with floater_pass(_flow(injector), length):
+            with floater_pass(flow_of(injector), length):
                 return {b: injector.absolute(length, b).detach().double().clone() for b in blocks}
         # fairseq's own modules (offsets by padding_idx + 1 internally)
         pad = encoder.padding_idx

@@ -50,6 +50,16 @@ def apply_floater_freezing(model, flow: Optional[FloaterFlow], args):
             p.requires_grad_(False)
 
 
+def flow_of(injector) -> Optional[FloaterFlow]:
+    """The FloaterFlow serving the encodings of ``injector`` (a PositionInjector), if any; None for
+    other position modules (fairseq's own)."""
+    for name in ("absolute", "self_bias", "cross_bias"):
+        flow = getattr(getattr(injector, name, None), "flow", None)
+        if flow is not None:
+            return flow
+    return None
+
+
 def floater_pass(flow: Optional[FloaterFlow], length: int):
     """``flow.forward_pass(length)``, or nothing for a model without FLOATER."""
     return flow.forward_pass(length) if flow is not None else contextlib.nullcontext()

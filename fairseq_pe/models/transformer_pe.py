@@ -14,7 +14,7 @@ from fairseq.models.transformer import transformer_legacy as stock
 from fairseq_pe.positional import PositionInjector, build_position_encoding
 from fairseq_pe.positional.floater_bias import FloaterAttentionBias
 
-from .floater_setup import apply_floater_freezing, build_floater_flow, floater_pass
+from .floater_setup import apply_floater_freezing, build_floater_flow, floater_pass, flow_of
 from .layers import PositionAwareDecoderLayer, PositionAwareEncoderLayer, wrap_layer
 from .options import add_position_encoding_args, position_encoding_defaults, validate_position_args
 
@@ -62,7 +62,7 @@ class TransformerPEEncoder(TransformerEncoderBase):
 
     def forward(self, src_tokens, *args, **kwargs):
         # a direct call (not through the model) still solves FLOATER's ODE once for all blocks
-        with floater_pass(_flow_of(self.embed_positions), src_tokens.size(1)):
+        with floater_pass(flow_of(self.embed_positions), src_tokens.size(1)):
             return super().forward(src_tokens, *args, **kwargs)
 
     def max_positions(self):
@@ -92,21 +92,12 @@ class TransformerPEDecoder(TransformerDecoderBase):
             mask = encoder_out["encoder_padding_mask"]
             injector.set_source(mask[0] if len(mask) > 0 else None, enc.size(0), enc.size(1), enc.device)
             length = max(length, enc.size(0))
-        with floater_pass(_flow_of(injector), length):
+        with floater_pass(flow_of(injector), length):
             return super().extract_features(prev_output_tokens, encoder_out=encoder_out,
                                             incremental_state=incremental_state, **kwargs)
 
     def max_positions(self):
         return self.embed_positions.max_positions
-
-
-def _flow_of(injector):
-    """The FloaterFlow serving ``injector``'s encodings, if any."""
-    for client in (injector.absolute, injector.self_bias, injector.cross_bias):
-        flow = getattr(client, "flow", None)
-        if flow is not None:
-            return flow
-    return None
 
 
 @register_model("transformer_pe")
