@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
+    # force: importing fairseq has configured the root logger already
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", force=True)
     for noisy in ("fairseq", "fairseq_pe.models", "matplotlib", "PIL"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.max_offset < 1:

@@ -59,6 +59,7 @@ def test_command_writes_every_file(checkpoints, tmp_path):
     # one table of both, on stdout and in properties.md
     table = (out / "properties.md").read_text()
     assert table in proc.stdout
+    assert "[1/2] lsin: loading" in proc.stderr and "[2/2] stock: loaded, analysed and written" in proc.stderr
     assert re.search(r"^\| lsin \| --pe-absolute learnable-sinusoidal --pe-relative learnable-sinusoidal \|", table, re.M)
     assert re.search(r"^\| stock \| learned APE \(stock fairseq\) \|", table, re.M)
     assert {p.name for p in out.iterdir()} == {"lsin", "stock", "properties.md", "properties.json", "report.md",
@@ -113,8 +114,9 @@ def test_command_writes_every_file(checkpoints, tmp_path):
 
 def test_decoder_side(checkpoints, tmp_path):
     out = tmp_path / "dec"
-    cli("fairseq-pe-analyze", checkpoints["lsin"], "--side", "decoder", "--out", str(out), "--length", "24",
-        "--probe-length", "24", "--num-tokens", "10")
+    quiet = cli("fairseq-pe-analyze", checkpoints["lsin"], "--side", "decoder", "--out", str(out), "--length", "24",
+                "--probe-length", "24", "--num-tokens", "10", "--quiet")
+    assert "loading" not in quiet.stderr and "| lsin |" in quiet.stdout
     s = json.loads((out / "lsin" / "scores.json").read_text())
     assert s["side"] == "decoder" and s["layers"] == 2
     # a decoder looks back only: no rightward window, no symmetry; its relative vectors are -K..0
