@@ -13,9 +13,13 @@ so ``fairseq-train`` / ``fairseq-generate`` users never see them:
    not a multiple of ``--required-batch-size-multiple`` (default 8): test sentences vanish
    from ``fairseq-generate`` and validation.  It is wrapped to append the dropped sentences
    as a final batch, so every sentence is seen exactly once.
-3. fairseq's fused attention fast path skips attention subclass hooks: handled where the
+3. User errors (a bad ``--pe-*`` value, a missing or unreadable checkpoint, a sequence longer
+   than a learned table) end the process with one line ``PROG: error: ...`` and exit status 2
+   instead of a traceback (:mod:`fairseq_pe.errors`); checkpoint loading reports a missing or
+   corrupt file that way.
+4. fairseq's fused attention fast path skips attention subclass hooks: handled where the
    attention modules are built (:func:`fairseq_pe.models.layers.python_attention_path`).
-4. ``torchrun --nproc_per_node N fairseq-train ... --cpu --distributed-backend gloo``: on a
+5. ``torchrun --nproc_per_node N fairseq-train ... --cpu --distributed-backend gloo``: on a
    machine without GPUs fairseq keeps ``--distributed-world-size`` at its default (the GPU
    count, 1), so every process trains its own model alone and they overwrite each other's
    checkpoints; given the world size it divides by ``torch.cuda.device_count()`` (0).  The
@@ -27,9 +31,13 @@ so ``fairseq-train`` / ``fairseq-generate`` users never see them:
 import contextlib
 import functools
 import os
+import pickle
 import warnings
+import zipfile
 
 import numpy as np
+
+from fairseq_pe.errors import UserError, install_excepthook
 
 _FORCE_NO_WEIGHTS_ONLY = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
@@ -50,11 +58,31 @@ def trusted_torch_load():
             os.environ[_FORCE_NO_WEIGHTS_ONLY] = previous
 
 
+#: what torch.load raises for a file that is not a (complete) torch checkpoint (OSError: a truncated zip)
+_UNREADABLE = (pickle.UnpicklingError, EOFError, zipfile.BadZipFile, UnicodeDecodeError, OSError)
+_UNREADABLE_RUNTIME = ("PytorchStreamReader", "zip archive", "Invalid magic number", "invalid load key")
+
+
+def _is_local(path) -> bool:
+    return isinstance(path, (str, os.PathLike)) and "://" not in str(path)
+
+
 def _load_checkpoint_trusted(load_checkpoint_to_cpu):
     @functools.wraps(load_checkpoint_to_cpu)
-    def wrapper(*args, **kwargs):
-        with trusted_torch_load():
-            return load_checkpoint_to_cpu(*args, **kwargs)
+    def wrapper(path, *args, **kwargs):
+        if _is_local(path) and not os.path.exists(path):
+            raise UserError(f"checkpoint {path}: no such file (check --path / --restore-file)")
+        try:
+            with trusted_torch_load():
+                return load_checkpoint_to_cpu(path, *args, **kwargs)
+        except _UNREADABLE as e:
+            raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e}): it is not a complete "
+                            "fairseq checkpoint (truncated or another kind of file?)") from e
+        except RuntimeError as e:
+            if not any(marker in str(e) for marker in _UNREADABLE_RUNTIME):
+                raise
+            raise UserError(f"checkpoint {path} cannot be read ({e}): it is not a complete fairseq checkpoint "
+                            "(truncated or another kind of file?)") from e
 
     wrapper._fairseq_pe_patched = True
     return wrapper
@@ -71,6 +99,35 @@ def _batch_by_size_keeping_every_sentence(batch_by_size):
             missing = indices[~np.isin(indices, seen)]
             batches = list(batches) + [missing]
         return batches
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
+def _model_files_checked(load_model_ensemble_and_task):
+    @functools.wraps(load_model_ensemble_and_task)
+    def wrapper(filenames, *args, **kwargs):
+        if kwargs.get("num_shards", 1) == 1 and not kwargs.get("suffix"):
+            for name in filenames:
+                if _is_local(name) and not os.path.exists(name):
+                    raise UserError(f"--path {name}: no such checkpoint file")
+        return load_model_ensemble_and_task(filenames, *args, **kwargs)
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
+def _size_errors_named(filter_indices_by_size):
+    @functools.wraps(filter_indices_by_size)
+    def wrapper(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
+        try:
+            return filter_indices_by_size(self, indices, dataset, max_positions, ignore_invalid_inputs)
+        except Exception as e:  # fairseq raises a bare Exception here
+            if type(e) is not Exception or not str(e).startswith("Size of sample"):
+                raise
+            raise UserError(f"{e}. The limit is the smaller of the task's --max-source-positions/"
+                            "--max-target-positions and the model's (a learned position table's length, fixed at "
+                            "training time); raise the task's limits, or use an encoding without a length limit") from e
 
     wrapper._fairseq_pe_patched = True
     return wrapper
@@ -137,6 +194,14 @@ def apply():
     if not getattr(distributed_utils.infer_init_method, "_fairseq_pe_patched", False):
         distributed_utils.infer_init_method = _torchrun_on_cpu(distributed_utils.infer_init_method)
 
+    install_excepthook()
+    from fairseq.tasks import FairseqTask
+
+    if not getattr(FairseqTask.filter_indices_by_size, "_fairseq_pe_patched", False):
+        FairseqTask.filter_indices_by_size = _size_errors_named(FairseqTask.filter_indices_by_size)
+    if not getattr(checkpoint_utils.load_model_ensemble_and_task, "_fairseq_pe_patched", False):
+        checkpoint_utils.load_model_ensemble_and_task = _model_files_checked(
+            checkpoint_utils.load_model_ensemble_and_task)
     if not getattr(checkpoint_utils.load_checkpoint_to_cpu, "_fairseq_pe_patched", False):
         checkpoint_utils.load_checkpoint_to_cpu = _load_checkpoint_trusted(checkpoint_utils.load_checkpoint_to_cpu)
     if not getattr(data_utils.batch_by_size, "_fairseq_pe_patched", False):

@@ -1,13 +1,19 @@
 """fairseq Transformer layers that take position information at their input.
 
-They subclass fairseq's layers and override two hooks only: ``forward`` adds the block's
-absolute vectors to the block input (``--pe-all-blocks``) before running fairseq's layer
-unchanged (FLOATER's Q/K/V biases, ``--pe-floater-bias``, are forward hooks on the attention
-projections, installed by ``attach_positions``), and ``build_self_attention`` / ``build_encoder_attention`` build
-:class:`~fairseq_pe.models.attention.RelativeSelfAttention` when ``--pe-relative`` is set,
-and otherwise fairseq's attention with its fused fast path switched off (``F.multi_head_attention_forward``), which bypasses the hooks of
-attention subclasses and differs numerically from the step-by-step path used in
-incremental decoding.
+They subclass fairseq's layers and override hooks only:
+
+* ``forward`` adds the block's absolute vectors to the block input (``--pe-all-blocks``), then
+  runs fairseq's layer unchanged; FLOATER's Q/K/V biases (``--pe-floater-bias``) are forward
+  hooks on the attention projections, installed by ``attach_positions``;
+* ``build_self_attention`` / ``build_encoder_attention`` build
+  :class:`~fairseq_pe.models.attention.RelativeSelfAttention` when ``--pe-relative`` is set, and
+  otherwise fairseq's attention with its fused fast path (``F.multi_head_attention_forward``)
+  switched off: that path bypasses the hooks of attention subclasses and differs numerically from
+  the step-by-step path used in incremental decoding.
+
+A block's position tensors are computed once per pass by the side's
+:class:`~fairseq_pe.positional.PositionInjector` (:meth:`BlockPositionMixin.position_inputs`); under
+activation checkpointing they are inputs of the checkpointed call (:func:`wrap_layer`).
 """
 
 from fairseq.distributed import fsdp_wrap
@@ -26,10 +32,22 @@ def python_attention_path(attention):
 
 
 def wrap_layer(layer, cfg):
-    """Activation checkpointing and FSDP wrapping, as fairseq's ``build_*_layer`` do."""
+    """Activation checkpointing and FSDP wrapping, as fairseq's ``build_*_layer`` do.
+
+    With ``--checkpoint-activations`` the block's position tensors (FLOATER biases, per-block
+    vectors), which are computed once per pass outside the layer, enter fairseq's checkpointed
+    forward as explicit inputs: the recomputation then differentiates with respect to them and
+    hands their gradients back to the shared computation (one ODE solve for all blocks), instead
+    of running backward through that shared graph once per layer.
+    """
     checkpoint = cfg.checkpoint_activations
     if checkpoint:
-        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+        checkpointed = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations).forward
+
+        def forward(x, *args, **kwargs):
+            return checkpointed(x, *args, **layer.position_inputs(), **kwargs)
+
+        layer.forward = forward
     return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
 
 
@@ -51,10 +69,38 @@ class BlockPositionMixin:
         if injector.cross_bias is not None and getattr(self, "encoder_attn", None) is not None:
             install_projection_biases(self.encoder_attn, self, "cross")
 
+    #: the block's position tensors given as inputs (activation checkpointing), during a forward call
+    given_positions = None
+
+    def position_inputs(self):
+        """This block's position tensors, computed from the pass's shared positions: the per-block
+        absolute vectors (``pe_block``) and FLOATER's projection biases (``pe_self_0`` .. ``pe_cross_2``)."""
+        injector, inputs = self.position_injector, {}
+        if injector is None:
+            return inputs
+        if injector.all_blocks and self.block > 1:
+            inputs["pe_block"] = injector.block_vectors(self.block)
+        for kind, bias in (("self", injector.self_bias), ("cross", injector.cross_bias)):
+            if bias is not None and (kind == "self" or getattr(self, "encoder_attn", None) is not None):
+                for index in range(3):
+                    inputs[f"pe_{kind}_{index}"] = injector.attention_bias(kind, self.block, index)
+        return inputs
+
+    def position_tensor(self, name: str, compute):
+        """The position tensor ``name`` given to this call, else ``compute()``."""
+        given = self.given_positions
+        return given[name] if given is not None and name in given else compute()
+
     def forward(self, x, *args, **kwargs):
-        if self.position_injector is not None:
-            x = self.position_injector.add_block_vectors(x, self.block)
-        return super().forward(x, *args, **kwargs)
+        given = {k: kwargs.pop(k) for k in [k for k in kwargs if k.startswith("pe_")]}
+        self.given_positions = given or None
+        try:
+            injector = self.position_injector
+            if injector is not None and injector.all_blocks and self.block > 1:
+                x = x + self.position_tensor("pe_block", lambda: injector.block_vectors(self.block)).to(x.dtype)
+            return super().forward(x, *args, **kwargs)
+        finally:
+            self.given_positions = None
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if getattr(cfg, "pe_relative", "none") != "none":

@@ -1,5 +1,6 @@
 """Command-line options shared by every model of the plugin (``transformer_pe``, later ``roberta_pe``)."""
 
+from fairseq_pe.errors import UserError, as_user_errors
 from fairseq_pe.positional import position_encoding_choices
 from fairseq_pe.positional.floater import add_floater_args, floater_defaults, validate_floater_args
 
@@ -72,8 +73,23 @@ def position_encoding_defaults(args):
     floater_defaults(args)
 
 
+# integer options and their smallest allowed value (checked on the value given, so an explicit 0 is refused,
+# never replaced by the default)
+MINIMUM_VALUES = [
+    ("pe_relative_max_distance", 1),
+    ("pe_t5_num_buckets", 4),
+    ("pe_t5_max_distance", 1),
+]
+
+
 def validate_position_args(args):
-    """Refuse contradictory or ineffective position options with a message naming the flag to fix."""
+    """Refuse contradictory, out-of-range or ineffective position options with a message naming the flag
+    to fix (a :class:`~fairseq_pe.errors.UserError`)."""
+    with as_user_errors():  # the families' own checks raise ValueError
+        _validate_position_args(args)
+
+
+def _validate_position_args(args):
     replacements = {
         "encoder_learned_pos": "--pe-absolute learned",
         "decoder_learned_pos": "--pe-absolute learned",
@@ -82,22 +98,30 @@ def validate_position_args(args):
     for name, use in replacements.items():
         if getattr(args, name, False):
             flag = "--" + name.replace("_", "-")
-            raise ValueError(
+            raise UserError(
                 f"{flag} is fairseq's own position option and is not used by fairseq_pe models; "
                 f"use {use} (see --pe-absolute)"
             )
     if args.pe_all_blocks and args.pe_absolute == "none":
-        raise ValueError("--pe-all-blocks needs an absolute encoding: set --pe-absolute")
+        raise UserError("--pe-all-blocks needs an absolute encoding: set --pe-absolute")
     for name, families, _ in RELATIVE_FAMILY_OPTIONS:
         if getattr(args, name, None) is not None and args.pe_relative not in families:
-            raise ValueError(f"--{name.replace('_', '-')} applies to --pe-relative {' / '.join(families)} only, "
+            raise UserError(f"--{name.replace('_', '-')} applies to --pe-relative {' / '.join(families)} only, "
                              f"not to --pe-relative {args.pe_relative}; remove it")
+    for name, minimum in MINIMUM_VALUES:
+        value = getattr(args, name, None)
+        if value is not None and value < minimum:
+            raise UserError(f"--{name.replace('_', '-')} must be at least {minimum}, got {value}")
     if args.pe_relative == "none" and (args.pe_relative_untie_layers or args.pe_relative_untie_heads):
-        raise ValueError("--pe-relative-untie-layers/--pe-relative-untie-heads need --pe-relative")
+        raise UserError("--pe-relative-untie-layers/--pe-relative-untie-heads need --pe-relative")
     for side in ("encoder", "decoder"):
         if getattr(args, f"{side}_xformers_att_config", None):
-            raise ValueError(f"--{side}-xformers-att-config is not supported by fairseq_pe models: the "
+            raise UserError(f"--{side}-xformers-att-config is not supported by fairseq_pe models: the "
                              "xformers path is fairseq's fused attention path, which skips the position hooks")
-    if args.pe_relative != "none" and getattr(args, "cross_self_attention", False):
-        raise ValueError("--cross-self-attention is not supported with --pe-relative")
+    if getattr(args, "cross_self_attention", False):
+        for flag, used in (("--pe-relative", args.pe_relative != "none"),
+                           ("--pe-floater-bias", getattr(args, "pe_floater_bias", False))):
+            if used:
+                raise UserError(f"--cross-self-attention is not supported with {flag}: its attention over "
+                                "source and target together has no single position axis; remove one of them")
     validate_floater_args(args)

@@ -31,6 +31,7 @@ from fairseq.models.transformer import TransformerConfig
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_hasattr
 
+from fairseq_pe.errors import UserError, as_user_errors
 from fairseq_pe.positional.learned import LearnedPositionEncoding
 
 from .floater_setup import apply_floater_freezing, build_floater_flow
@@ -84,6 +85,11 @@ class RobertaPEModel(RobertaModel):
 
     @classmethod
     def build_model(cls, args, task):
+        with as_user_errors():  # a bad option is the user's to fix: one line, exit 2 (fairseq_pe.errors)
+            return cls._build_model(args, task)
+
+    @classmethod
+    def _build_model(cls, args, task):
         from omegaconf import OmegaConf
 
         if OmegaConf.is_config(args):
@@ -149,7 +155,7 @@ class RobertaPEModel(RobertaModel):
         if old.dim() != 3 or old.size(0) != new.size(0) or old.size(2) != new.size(2):
             return  # a different layout: the ordinary load reports the mismatch
         if old.size(1) > new.size(1):
-            raise ValueError(f"the checkpoint's learned position table has {old.size(1)} positions but "
+            raise UserError(f"the checkpoint's learned position table has {old.size(1)} positions but "
                              f"--max-positions is {new.size(1)}: set --max-positions {old.size(1)} (or more); "
                              "the table is not cut")
         logger.warning(f"learned position table extended from {old.size(1)} to {new.size(1)} positions "

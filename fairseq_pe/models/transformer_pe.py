@@ -11,6 +11,7 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase, TransformerModel
 from fairseq.models.transformer import transformer_legacy as stock
 
+from fairseq_pe.errors import as_user_errors
 from fairseq_pe.positional import PositionInjector, build_position_encoding
 from fairseq_pe.positional.floater_bias import FloaterAttentionBias
 
@@ -123,9 +124,10 @@ class TransformerPEModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        base_architecture(args)
-        validate_position_args(args)
-        return super().build_model(args, task)
+        with as_user_errors():  # a bad option is the user's to fix: one line, exit 2 (fairseq_pe.errors)
+            base_architecture(args)
+            validate_position_args(args)
+            return super().build_model(args, task)
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):

@@ -13,7 +13,7 @@ from typing import List
 
 import torch
 
-from .base import RelativePositionEncoding, register_position_encoding, relative_distances
+from .base import Float32State, RelativePositionEncoding, register_position_encoding, relative_distances
 
 
 def alibi_slopes(num_heads: int) -> List[float]:
@@ -28,7 +28,7 @@ def alibi_slopes(num_heads: int) -> List[float]:
 
 
 @register_position_encoding("relative", "alibi")
-class ALiBiPositionBias(RelativePositionEncoding):
+class ALiBiPositionBias(Float32State, RelativePositionEncoding):
     """−m_h·|j − i| added to the attention logits (module docstring)."""
 
     def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):

@@ -18,6 +18,8 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 import torch.nn as nn
 
+from fairseq_pe.errors import UserError
+
 _REGISTRY: Dict[Tuple[str, str], Callable] = {}
 KINDS = ("absolute", "relative")
 
@@ -38,6 +40,13 @@ def register_position_encoding(kind: str, name: str):
     return wrap
 
 
+def option(args, name: str, default):
+    """``args.<name>``, or ``default`` when it is not set (None).  An explicit 0 stays 0 (and is then
+    refused by the option's range check), never silently replaced by the default."""
+    value = getattr(args, name, None)
+    return default if value is None else value
+
+
 def position_encoding_choices(kind: str):
     return ["none"] + sorted(name for k, name in _REGISTRY if k == kind)
 
@@ -49,13 +58,39 @@ def build_position_encoding(kind: str, name: str, **kwargs) -> Optional[nn.Modul
     try:
         cls = _REGISTRY[(kind, name)]
     except KeyError:
-        raise ValueError(
+        raise UserError(
             f"unknown --pe-{kind} {name!r}; choose one of {position_encoding_choices(kind)}"
         ) from None
     return cls(**kwargs)
 
 
-class PositionOutOfRangeError(ValueError):
+class Float32State(nn.Module):
+    """Keeps this module's parameters and buffers (its children's too) in float32 when the model is
+    converted to half precision (``.half()``, ``.bfloat16()``, ``.to(dtype)``, fairseq's ``--fp16`` and
+    ``--bf16``).
+
+    Positions are then computed in float32 from float32 frequencies or states and only the result
+    takes the model's dtype.  In fp16 a frequency or a position angle loses its low bits: R(2048)x
+    and R(2049)x would be the same rotation, and sinusoids of positions past a few hundred would be
+    off by up to 0.2.  float64 is left as it is.
+    """
+
+    def _apply(self, fn, *args, **kwargs):
+        def state():
+            return list(self.named_parameters()) + list(self.named_buffers())
+
+        # the float32 values before the conversion: converting back from fp16 would not restore their low bits
+        originals = {name: t.data for name, t in state() if t.dtype == torch.float32}
+        module = super()._apply(fn, *args, **kwargs)
+        for name, tensor in state():
+            if tensor.dtype in (torch.float16, torch.bfloat16) and name in originals:
+                tensor.data = originals[name].to(tensor.device)
+                if getattr(tensor, "grad", None) is not None:
+                    tensor.grad = tensor.grad.float()
+        return module
+
+
+class PositionOutOfRangeError(UserError):
     """A position beyond what an encoding can represent was requested."""
 
 
@@ -137,10 +172,18 @@ class RelativePositionEncoding(nn.Module):
         args: the model's configuration (for the family's own options).
     """
 
+    #: what ``--pe-relative-untie-layers`` / ``--pe-relative-untie-heads`` can untie ("layers", "heads"):
+    #: a family without parameters per layer or head refuses the flags (they would change nothing)
+    untiable = ()
+
     def __init__(self, embed_dim: int, num_heads: int, num_blocks: int, causal: bool, args=None):
         super().__init__()
+        for what in ("layers", "heads"):
+            if getattr(args, f"pe_relative_untie_{what}", False) and what not in self.untiable:
+                raise UserError(f"--pe-relative-untie-{what} has no effect with --pe-relative {self.registry_name} "
+                                f"(it has no parameters per {what[:-1]} to untie); remove it")
         if embed_dim % num_heads != 0:
-            raise ValueError(f"--pe-relative needs the embedding dimension ({embed_dim}) to be a multiple "
+            raise UserError(f"--pe-relative needs the embedding dimension ({embed_dim}) to be a multiple "
                              f"of the number of attention heads ({num_heads})")
         self.embed_dim = embed_dim
         self.num_heads = num_heads

@@ -17,7 +17,8 @@ ODE generates position-dependent biases of the queries, keys and values (Eq. 13)
 values of every user (absolute encodings, Q/K/V biases of every block) are stacked into one
 state and solved together, once per forward pass, up to the longest sequence of the batch,
 in float32 whatever the model's dtype.  In evaluation (without autograd) the solution is
-cached and extended lazily from its last state when a longer input arrives; there is no
+cached and extended lazily when a longer input arrives (fixed-step solvers continue from the last
+state; dopri5 solves again from 0, so that results never depend on how the cache grew); there is no
 maximum length.  Users register with :meth:`FloaterFlow.add_client` and read their vectors
 with :meth:`FloaterFlow.states`.
 
@@ -32,13 +33,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import AbsolutePositionEncoding, register_position_encoding
+from fairseq_pe.errors import UserError
+
+from .base import AbsolutePositionEncoding, Float32State, option, register_position_encoding
 
 SOLVERS = ("rk4", "dopri5", "euler", "midpoint")
 FIXED_STEP_SOLVERS = ("rk4", "euler", "midpoint")
 
 
-class FloaterNonFiniteError(FloatingPointError):
+class FloaterNonFiniteError(UserError, FloatingPointError):
     """The position ODE produced a non-finite state."""
 
 
@@ -191,45 +194,56 @@ def floater_defaults(args):
         if getattr(args, name, None) is None:
             setattr(args, name, default)
     if args.pe_floater_dynamics != "ode":
-        args.pe_floater_rnn_input = args.pe_floater_rnn_input or "scalar"
-        args.pe_floater_rnn_layers = args.pe_floater_rnn_layers or 1
+        args.pe_floater_rnn_input = option(args, "pe_floater_rnn_input", "scalar")
+        args.pe_floater_rnn_layers = option(args, "pe_floater_rnn_layers", 1)
     if args.pe_floater_solver == "dopri5" and args.pe_floater_dynamics == "ode":
         args.pe_floater_rtol = args.pe_floater_rtol if args.pe_floater_rtol is not None else 1e-5
         args.pe_floater_atol = args.pe_floater_atol if args.pe_floater_atol is not None else 1e-7
 
 
 def validate_floater_args(args):
-    """Refuse FLOATER options that would be ignored or cannot work, naming the flag."""
+    """Refuse FLOATER options that would be ignored, are out of range or cannot work, naming the flag."""
     given = {name for name, default in FLOATER_DEFAULTS.items()
              if name != "pe_floater_bias" and getattr(args, name, default) not in (None, default)}
     if not uses_floater(args):
         if given:
             flags = ", ".join("--" + n.replace("_", "-") for n in sorted(given))
-            raise ValueError(f"{flags}: FLOATER options need --pe-absolute floater or --pe-floater-bias")
+            raise UserError(f"{flags}: FLOATER options need --pe-absolute floater or --pe-floater-bias")
         return
     ode = args.pe_floater_dynamics == "ode"
     if args.pe_floater_dt <= 0:
-        raise ValueError("--pe-floater-dt must be positive")
+        raise UserError(f"--pe-floater-dt must be positive, got {args.pe_floater_dt}")
+    for name, minimum in (("pe_floater_hidden_dim", 1), ("pe_floater_rnn_layers", 1),
+                          ("pe_floater_refresh_updates", 1)):
+        value = getattr(args, name, None)
+        if value is not None and value < minimum:
+            raise UserError(f"--{name.replace('_', '-')} must be at least {minimum}, got {value}")
+    for name in ("pe_floater_rtol", "pe_floater_atol", "pe_floater_lr_scale"):
+        value = getattr(args, name, None)
+        if value is not None and not value > 0:
+            raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}")
     if not ode:
         for name in ("pe_floater_solver", "pe_floater_step_size", "pe_floater_rtol", "pe_floater_atol",
                      "pe_floater_adjoint", "pe_floater_hidden_dim", "pe_floater_no_time"):
             if name in given:
-                raise ValueError(f"--{name.replace('_', '-')} applies to --pe-floater-dynamics ode only, not "
-                                 f"{args.pe_floater_dynamics}; remove it")
+                raise UserError(f"--{name.replace('_', '-')} applies to --pe-floater-dynamics ode only, not "
+                                f"{args.pe_floater_dynamics}; remove it")
+        if args.pe_floater_rnn_input == "vector" and "pe_floater_dt" in given:
+            raise UserError("--pe-floater-dt has no effect with --pe-floater-rnn-input vector (the inputs are the "
+                            "sinusoids of the position index, not times i·Δt); remove it")
     else:
         for name in ("pe_floater_rnn_input", "pe_floater_rnn_layers"):
             if getattr(args, name, None) is not None:
-                raise ValueError(f"--{name.replace('_', '-')} applies to --pe-floater-dynamics rnn/gru/lstm only")
+                raise UserError(f"--{name.replace('_', '-')} applies to --pe-floater-dynamics rnn/gru/lstm only")
         if args.pe_floater_solver == "dopri5" and args.pe_floater_step_size is not None:
-            raise ValueError("--pe-floater-step-size applies to the fixed-step solvers (rk4, euler, midpoint), "
-                             "not to dopri5 (use --pe-floater-rtol/--pe-floater-atol)")
+            raise UserError("--pe-floater-step-size applies to the fixed-step solvers (rk4, euler, midpoint), "
+                            "not to dopri5 (use --pe-floater-rtol/--pe-floater-atol)")
         if args.pe_floater_solver != "dopri5" and (args.pe_floater_rtol is not None or args.pe_floater_atol is not None):
-            raise ValueError("--pe-floater-rtol/--pe-floater-atol apply to --pe-floater-solver dopri5 only")
+            raise UserError("--pe-floater-rtol/--pe-floater-atol apply to --pe-floater-solver dopri5 only")
         substeps(args.pe_floater_dt, args.pe_floater_step_size)  # raises for a bad step size
-    if args.pe_floater_refresh_updates < 1:
-        raise ValueError("--pe-floater-refresh-updates must be ≥ 1")
-    if args.pe_floater_lr_scale <= 0:
-        raise ValueError("--pe-floater-lr-scale must be positive")
+    if args.pe_floater_freeze_dynamics and "pe_floater_lr_scale" in given:
+        raise UserError("--pe-floater-lr-scale has no effect with --pe-floater-freeze-dynamics (the dynamics are "
+                        "not trained); remove one of them")
 
 
 def substeps(dt: float, step_size: Optional[float]) -> int:
@@ -237,16 +251,16 @@ def substeps(dt: float, step_size: Optional[float]) -> int:
     if step_size is None:
         return 1
     if step_size <= 0:
-        raise ValueError("--pe-floater-step-size must be positive")
+        raise UserError(f"--pe-floater-step-size must be positive, got {step_size}")
     k = dt / step_size
     if abs(k - round(k)) > 1e-6 * max(1.0, k) or round(k) < 1:
-        raise ValueError(f"--pe-floater-step-size {step_size} must divide --pe-floater-dt {dt} a whole number "
+        raise UserError(f"--pe-floater-step-size {step_size} must divide --pe-floater-dt {dt} a whole number "
                          f"of times (e.g. {dt / 5:g} for 5 steps per position), so that every position is a "
                          f"grid point of the solver")
     return int(round(k))
 
 
-class FloaterFlow(nn.Module):
+class FloaterFlow(Float32State):
     """Owns the dynamics of a model and solves for all FLOATER position vectors at once.
 
     Users ("clients") are modules with a method ``initial_values()`` returning an (n, D)
@@ -259,7 +273,8 @@ class FloaterFlow(nn.Module):
     solve serves every client; outside a pass each call solves.  In evaluation without
     autograd the solution is cached (keyed on the parameters' versions, so an optimizer
     step or a loaded state dict invalidates it, and so does every ``train()``/``eval()``, since
-    optimizers update ``p.data`` without a version bump) and extended from its last state.
+    optimizers update ``p.data`` without a version bump) and extended when a longer input arrives
+    (fixed-step solvers from the last state, dopri5 from 0: see :meth:`_cached`).
     """
 
     def __init__(self, embed_dim: int, args):
@@ -272,7 +287,7 @@ class FloaterFlow(nn.Module):
         self.rtol = args.pe_floater_rtol
         self.atol = args.pe_floater_atol
         self.adjoint = bool(args.pe_floater_adjoint)
-        self.hidden_dim = args.pe_floater_hidden_dim or embed_dim
+        self.hidden_dim = option(args, "pe_floater_hidden_dim", embed_dim)
         self.append_time = not args.pe_floater_no_time
         self.lr_scale = float(args.pe_floater_lr_scale)
         self.refresh_updates = int(args.pe_floater_refresh_updates)
@@ -439,9 +454,16 @@ class FloaterFlow(nn.Module):
             old = cache["states"]
             # at least double, so that step-by-step growth costs O(log n) solves
             new_len = max(length, 2 * old.size(0))
-            more, carry = self._solve(old[-1], old.size(0) - 1, new_len - old.size(0) + 1, cache["carry"])
-            cache["states"] = torch.cat([old, more[1:]], dim=0)
-            cache["carry"] = carry
+            if self.kind == "ode" and self.solver not in FIXED_STEP_SOLVERS:
+                # an adaptive solver's steps depend on where it starts: continuing from the last state would
+                # give other values than a solve from 0, so results would depend on how the cache grew (on the
+                # batch size).  A solve from 0 gives the same prefix whatever its length (its step sequence does
+                # not depend on the end time), so it is redone from 0 (at most twice the cost of one solve).
+                cache["states"], cache["carry"] = self._solve(self._initial(), 0, new_len)
+            else:  # fixed steps: continuing from the last state is exactly the longer solve
+                more, carry = self._solve(old[-1], old.size(0) - 1, new_len - old.size(0) + 1, cache["carry"])
+                cache["states"] = torch.cat([old, more[1:]], dim=0)
+                cache["carry"] = carry
         return cache["states"]
 
     def _refreshed(self, length):
@@ -479,7 +501,7 @@ class FloaterFlow(nn.Module):
 
 
 @register_position_encoding("absolute", "floater")
-class FloaterPositionEncoding(AbsolutePositionEncoding):
+class FloaterPositionEncoding(Float32State, AbsolutePositionEncoding):
     """FLOATER as the absolute encoding: p_i = p(i·Δt) of Eq. (8), added to the input of the
     first block, or with ``--pe-all-blocks`` p_i^(n) from block n's own initial value p^(n)(0)
     with the dynamics shared by all blocks (§3.2, Eq. 10).  No length limit.

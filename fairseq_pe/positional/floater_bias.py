@@ -21,10 +21,12 @@ positions of the attending side; cross-attention keys and values those of the so
 import torch
 import torch.nn as nn
 
+from .base import Float32State
+
 QKV = ("q", "k", "v")
 
 
-class FloaterAttentionBias(nn.Module):
+class FloaterAttentionBias(Float32State):
     """Initial values b^(n)_{q,k,v}(0), zero-initialised, for ``num_blocks`` blocks."""
 
     flow = None
@@ -73,8 +75,10 @@ class _ProjectionBias:
         self.index = index
 
     def __call__(self, module, inputs, output):
-        injector = self.layer.position_injector
-        return output + injector.attention_bias(self.kind, self.layer.block, self.index).to(output.dtype)
+        layer = self.layer
+        bias = layer.position_tensor(f"pe_{self.kind}_{self.index}", lambda: layer.position_injector.attention_bias(
+            self.kind, layer.block, self.index))
+        return output + bias.to(output.dtype)
 
 
 def install_projection_biases(attention, layer, kind: str):

@@ -5,7 +5,7 @@
 (and the incremental state while decoding step by step).  It computes the positions of the
 batch once, returns the input block's absolute vectors, and keeps the positions so that
 every later block (``--pe-all-blocks``) is served from the same computation by
-:meth:`add_block_vectors`.  It also owns the side's relative encoding, which the
+:meth:`block_vectors`.  It also owns the side's relative encoding, which the
 self-attention of every block uses (one module, shared by the layers), and FLOATER's Q/K/V
 bias initial values (:mod:`.floater_bias`), whose biases it serves to the projections of
 every block (:meth:`attention_bias`).
@@ -133,11 +133,7 @@ class PositionInjector(nn.Module):
         # cross-attention keys and values: the source's positions
         return lookup_time_major(self._source_plan, self.cross_bias.table(self.source_length, block, index))
 
-    def add_block_vectors(self, x: torch.Tensor, block: int) -> torch.Tensor:
-        """x (T, B, D) at the input of 1-based ``block`` plus its vectors when every block gets them.
-
-        Block 1 received its vectors at the embedding layer already.
-        """
-        if block == 1 or not self.all_blocks:
-            return x
-        return x + lookup_time_major(self._plan, self.absolute(self.length, block).to(x.dtype))
+    def block_vectors(self, block: int) -> torch.Tensor:
+        """(T, B, D) vectors added at the input of 1-based ``block`` > 1 with ``--pe-all-blocks`` (block 1
+        receives its vectors at the embedding layer)."""
+        return lookup_time_major(self._plan, self.absolute(self.length, block).to(self._dtype_probe.dtype))

@@ -26,7 +26,9 @@ from typing import Tuple
 import torch
 import torch.nn as nn
 
-from .base import RelativePositionEncoding, register_position_encoding, relative_distances
+from fairseq_pe.errors import UserError
+
+from .base import Float32State, RelativePositionEncoding, option, register_position_encoding, relative_distances
 from .sinusoidal import sinusoid, transformer_frequencies
 
 DEFAULT_MAX_DISTANCE = 64
@@ -35,19 +37,15 @@ DEFAULT_MAX_DISTANCE = 64
 class _RelativeVectors(RelativePositionEncoding):
     """Shared machinery; subclasses define :meth:`vectors`."""
 
-    untie_heads_allowed = True
+    untiable = ("layers", "heads")
 
     def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
         super().__init__(embed_dim, num_heads, num_blocks, causal, args)
-        self.max_distance = getattr(args, "pe_relative_max_distance", None) or DEFAULT_MAX_DISTANCE
+        self.max_distance = option(args, "pe_relative_max_distance", DEFAULT_MAX_DISTANCE)
         if self.max_distance < 1:
-            raise ValueError(f"--pe-relative-max-distance must be >= 1, got {self.max_distance}")
+            raise UserError(f"--pe-relative-max-distance must be at least 1, got {self.max_distance}")
         self.untie_layers = bool(getattr(args, "pe_relative_untie_layers", False))
         self.untie_heads = bool(getattr(args, "pe_relative_untie_heads", False))
-        for flag, set_ in (("heads", self.untie_heads), ("layers", self.untie_layers)):
-            if set_ and not self.untie_heads_allowed:
-                raise ValueError(f"--pe-relative-untie-{flag} has no effect with --pe-relative {self.registry_name} "
-                                 "(its vectors are fixed); remove it")
         self.num_tables = num_blocks if self.untie_layers else 1
         self.num_distances = 2 * self.max_distance + 1
         self._index_cache = None
@@ -107,7 +105,9 @@ class ShawRelativePositionEncoding(_RelativeVectors):
         return self.key_vectors[t], self.value_vectors[t]
 
 
-class _SinusoidalRelative(_RelativeVectors):
+class _SinusoidalRelative(Float32State, _RelativeVectors):
+    """Vectors computed in float32 from float32 frequencies, whatever the model's dtype."""
+
     def frequencies(self, block) -> torch.Tensor:
         raise NotImplementedError
 
@@ -125,7 +125,7 @@ class _SinusoidalRelative(_RelativeVectors):
 class NezhaRelativePositionEncoding(_SinusoidalRelative):
     """NEZHA (Wei et al. 2019): a^K_r = a^V_r = fixed sinusoid of r, ω_i = 10000^(-2i/d)."""
 
-    untie_heads_allowed = False
+    untiable = ()  # fixed vectors: nothing to untie
 
     def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
         super().__init__(embed_dim, num_heads, num_blocks, causal, args)

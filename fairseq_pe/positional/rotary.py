@@ -3,18 +3,19 @@
 Queries and keys of each head are rotated pairwise by angles proportional to their index:
 q_m ↦ R(m)q_m, k_n ↦ R(n)k_n with R(m) = diag of 2×2 rotations by m·θ_i, θ_i = 10000^(−2i/d),
 so that ⟨R(m)q, R(n)k⟩ depends on m − n only.  The rotation is done by the
-``rotary-embedding-torch`` library (in float32, also under fp16/bf16).  Cached keys are
+``rotary-embedding-torch`` library, in float32 from float32 frequencies also in an fp16/bf16
+model (the library's frequencies and cache are kept float32, :class:`~.base.Float32State`).  Cached keys are
 stored rotated, so step-by-step decoding rotates only the new query and key.  No parameters,
 no length limit.
 """
 
 from rotary_embedding_torch import RotaryEmbedding
 
-from .base import RelativePositionEncoding, register_position_encoding
+from .base import Float32State, RelativePositionEncoding, register_position_encoding
 
 
 @register_position_encoding("relative", "rope")
-class RotaryPositionEncoding(RelativePositionEncoding):
+class RotaryPositionEncoding(Float32State, RelativePositionEncoding):
     def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
         super().__init__(embed_dim, num_heads, num_blocks, causal, args)
         if self.head_dim % 2:

@@ -28,7 +28,7 @@ import math
 import torch
 import torch.nn as nn
 
-from .base import AbsolutePositionEncoding, register_position_encoding
+from .base import AbsolutePositionEncoding, Float32State, register_position_encoding
 
 
 def transformer_frequencies(embed_dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -46,7 +46,9 @@ def sinusoid(positions: torch.Tensor, frequencies: torch.Tensor, embed_dim: int)
     return out
 
 
-class _SinusoidalBase(AbsolutePositionEncoding):
+class _SinusoidalBase(Float32State, AbsolutePositionEncoding):
+    """Sinusoids computed in float32 from float32 frequencies, whatever the model's dtype."""
+
     def frequencies(self) -> torch.Tensor:
         raise NotImplementedError
 

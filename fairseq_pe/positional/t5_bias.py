@@ -14,10 +14,17 @@ import math
 import torch
 import torch.nn as nn
 
-from .base import RelativePositionEncoding, register_position_encoding, relative_distances
+from fairseq_pe.errors import UserError
+
+from .base import RelativePositionEncoding, option, register_position_encoding, relative_distances
 
 DEFAULT_NUM_BUCKETS = 32
 DEFAULT_MAX_DISTANCE = 128
+
+
+def exact_buckets(num_buckets: int, bidirectional: bool) -> int:
+    """How many buckets hold a single distance: half of one direction's buckets."""
+    return (num_buckets // 2 if bidirectional else num_buckets) // 2
 
 
 def t5_bucket(relative_position: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int):
@@ -42,16 +49,21 @@ def t5_bucket(relative_position: torch.Tensor, bidirectional: bool, num_buckets:
 class T5PositionBias(RelativePositionEncoding):
     """Learned bucketed scalar bias per head (module docstring)."""
 
+    untiable = ("layers",)  # per head already
+
     def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
         super().__init__(embed_dim, num_heads, num_blocks, causal, args)
-        self.num_buckets = getattr(args, "pe_t5_num_buckets", None) or DEFAULT_NUM_BUCKETS
-        self.max_distance = getattr(args, "pe_t5_max_distance", None) or DEFAULT_MAX_DISTANCE
-        if self.num_buckets < 4 or (not causal and self.num_buckets % 2):
-            raise ValueError(f"--pe-t5-num-buckets must be an even number >= 4, got {self.num_buckets}")
+        self.num_buckets = option(args, "pe_t5_num_buckets", DEFAULT_NUM_BUCKETS)
+        self.max_distance = option(args, "pe_t5_max_distance", DEFAULT_MAX_DISTANCE)
+        if self.num_buckets < 4 or self.num_buckets % 2:
+            raise UserError(f"--pe-t5-num-buckets must be an even number of at least 4, got {self.num_buckets}")
+        exact = exact_buckets(self.num_buckets, bidirectional=not causal)
+        if self.max_distance <= exact:
+            side = "decoder (--pe-t5-num-buckets / 2)" if causal else "encoder (--pe-t5-num-buckets / 4)"
+            raise UserError(f"--pe-t5-max-distance must be greater than {exact}, the number of exact (one-distance) "
+                            f"buckets of the {side}, got {self.max_distance}: the logarithmic buckets start there "
+                            f"(allowed: {exact + 1} or more)")
         self.untie_layers = bool(getattr(args, "pe_relative_untie_layers", False))
-        if getattr(args, "pe_relative_untie_heads", False):
-            raise ValueError("--pe-relative-untie-heads has no effect with --pe-relative t5 "
-                             "(its biases are per head already); remove it")
         tables = num_blocks if self.untie_layers else 1
         self.bias = nn.Parameter(torch.empty(tables, self.num_buckets, num_heads))
         nn.init.normal_(self.bias, mean=0.0, std=embed_dim ** -0.5)

@@ -1,0 +1,85 @@
+"""User errors: one clear line and exit status 2, as argparse reports a bad option.
+
+A mistake in what the user gave (an option's value, a file, a sequence longer than a learned
+table) raises :class:`UserError` (a ``ValueError``), whose message names the flag or file
+to fix.  Wherever it is raised, in ``fairseq-train``/``fairseq-generate`` through
+``--user-dir fairseq_pe`` or in a ``fairseq-pe-*`` tool, the process ends with
+
+    PROG: error: MESSAGE
+
+on stderr and exit status 2, without a traceback.  Every other exception is a bug and keeps
+its full traceback.  ``FAIRSEQ_PE_TRACEBACK=1`` shows the traceback of user errors too.
+
+:func:`install_excepthook` is applied when the plugin is imported (:mod:`fairseq_pe.compat`).
+"""
+
+import contextlib
+import os
+import sys
+
+TRACEBACK_ENV = "FAIRSEQ_PE_TRACEBACK"
+
+
+class UserError(ValueError):
+    """A mistake in the user's input: the message names the flag or file to fix."""
+
+
+def user_error_message(exc: BaseException, prog: str = None) -> str:
+    prog = prog or os.path.basename(sys.argv[0] or "fairseq-pe") or "fairseq-pe"
+    return f"{prog}: error: {exc}"
+
+
+def _handle(exc_type, exc, tb, previous):
+    if issubclass(exc_type, UserError) and not os.environ.get(TRACEBACK_ENV):
+        try:
+            sys.stdout.flush()
+        except Exception:  # noqa: BLE001  (a closed stdout must not hide the message)
+            pass
+        sys.stderr.write(user_error_message(exc) + "\n")
+        sys.stderr.flush()
+        # argparse's status for a usage error; os._exit because an excepthook cannot set the status
+        os._exit(2)
+    previous(exc_type, exc, tb)
+
+
+def install_excepthook():
+    """Report uncaught :class:`UserError` as one line with exit status 2 (module docstring)."""
+    current = sys.excepthook
+    if getattr(current, "_fairseq_pe_patched", False):
+        return
+    previous = current
+
+    def hook(exc_type, exc, tb):
+        _handle(exc_type, exc, tb, previous)
+
+    hook._fairseq_pe_patched = True
+    sys.excepthook = hook
+
+
+@contextlib.contextmanager
+def as_user_errors():
+    """Inside the block a ``ValueError`` is a user error (building a model from its options, say)."""
+    try:
+        yield
+    except UserError:
+        raise
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+
+
+def cli(main):
+    """Decorator for console-script ``main`` functions: a :class:`UserError` ends the process as
+    ``PROG: error: MESSAGE`` with status 2 (also when called in-process, as ``SystemExit(2)``)."""
+    import functools
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except UserError as exc:
+            if os.environ.get(TRACEBACK_ENV):
+                raise
+            sys.stderr.write(user_error_message(exc) + "\n")
+            raise SystemExit(2) from exc
+
+    return wrapper

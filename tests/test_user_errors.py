@@ -1,0 +1,187 @@
+"""Bad input gets one clear message naming the flag or file, and exit status 2, never a traceback.
+
+* Options: an explicit value is never replaced by a default (``--pe-t5-num-buckets 0`` used to
+  train with 32 buckets), every out-of-range value is refused with its flag and allowed range,
+  and options that would change nothing are refused.
+* Through the real CLIs (``fairseq-train`` / ``fairseq-generate --user-dir fairseq_pe``): a bad
+  ``--pe-*`` value, a missing or corrupt checkpoint and a sentence longer than a learned table
+  end with ``PROG: error: ...`` on stderr and status 2; real bugs keep their tracebacks.
+"""
+
+import os
+import sys
+
+import pytest
+import torch
+
+from fairseq_pe.errors import UserError
+from fairseq_pe.positional.t5_bias import t5_bucket
+from fairseq_pe.synthetic import write_corpus
+
+from helpers import PLUGIN, build_model, cli
+
+
+@pytest.mark.parametrize("flags,message", [
+    (("--pe-relative", "t5", "--pe-t5-num-buckets", "0"), "--pe-t5-num-buckets must be at least 4, got 0"),
+    (("--pe-relative", "t5", "--pe-t5-num-buckets", "6", "--pe-t5-max-distance", "0"),
+     "--pe-t5-max-distance must be at least 1, got 0"),
+    (("--pe-relative", "learned", "--pe-relative-max-distance", "0"), "--pe-relative-max-distance must be at least 1"),
+    (("--pe-relative", "sinusoidal", "--pe-relative-max-distance", "-3"), "--pe-relative-max-distance must be at least 1"),
+    (("--pe-relative", "t5", "--pe-t5-num-buckets", "10"), "even number of at least 4"),  # 10 is fine; 9 is not
+    (("--pe-absolute", "floater", "--pe-floater-hidden-dim", "0"), "--pe-floater-hidden-dim must be at least 1"),
+    (("--pe-absolute", "floater", "--pe-floater-dynamics", "gru", "--pe-floater-rnn-layers", "0"),
+     "--pe-floater-rnn-layers must be at least 1"),
+    (("--pe-absolute", "floater", "--pe-floater-refresh-updates", "0"), "--pe-floater-refresh-updates must be at least 1"),
+    (("--pe-absolute", "floater", "--pe-floater-solver", "dopri5", "--pe-floater-rtol", "0"),
+     "--pe-floater-rtol must be positive"),
+    (("--pe-absolute", "floater", "--pe-floater-dt", "0"), "--pe-floater-dt must be positive"),
+    (("--pe-absolute", "floater", "--pe-floater-lr-scale", "0"), "--pe-floater-lr-scale must be positive"),
+])
+def test_explicit_values_are_checked_not_replaced(flags, message):
+    if flags[-1] == "10":  # the control: an allowed even value is used as given
+        model, _ = build_model(*flags)
+        assert model.encoder.embed_positions.relative.num_buckets == 10
+        with pytest.raises(UserError, match=message):
+            build_model(*flags[:-1], "9")
+        return
+    with pytest.raises(UserError, match=message):
+        build_model(*flags)
+
+
+@pytest.mark.parametrize("max_distance,side", [(16, "decoder"), (12, "decoder"), (8, "encoder"), (3, "encoder")])
+def test_t5_max_distance_must_exceed_the_exact_buckets(max_distance, side):
+    # 32 buckets: 8 exact distances per direction in the encoder, 16 in the decoder
+    with pytest.raises(UserError, match=rf"--pe-t5-max-distance must be greater than {8 if side == 'encoder' else 16}"
+                                        rf".*{side}"):
+        build_model("--pe-relative", "t5", "--pe-t5-max-distance", str(max_distance))
+
+
+@pytest.mark.parametrize("num_buckets", [8, 32])
+def test_t5_smallest_allowed_max_distance_keeps_buckets_in_range(num_buckets):
+    max_distance = num_buckets // 2 + 1  # the smallest the decoder allows
+    model, _ = build_model("--pe-relative", "t5", "--pe-t5-num-buckets", str(num_buckets),
+                           "--pe-t5-max-distance", str(max_distance))
+    distances = torch.arange(-5000, 5001)
+    for causal in (False, True):
+        buckets = t5_bucket(distances, not causal, num_buckets, max_distance)
+        assert buckets.min() >= 0 and buckets.max() == num_buckets - 1
+    assert model.decoder.embed_positions.relative.max_distance == max_distance
+
+
+@pytest.mark.parametrize("flags,message", [
+    (("--pe-relative", "rope", "--pe-relative-untie-layers"), "--pe-relative-untie-layers has no effect with --pe-relative rope"),
+    (("--pe-relative", "rope", "--pe-relative-untie-heads"), "--pe-relative-untie-heads has no effect with --pe-relative rope"),
+    (("--pe-relative", "alibi", "--pe-relative-untie-layers"), "--pe-relative-untie-layers has no effect with --pe-relative alibi"),
+    (("--pe-relative", "alibi", "--pe-relative-untie-heads"), "--pe-relative-untie-heads has no effect with --pe-relative alibi"),
+    (("--pe-relative", "sinusoidal", "--pe-relative-untie-layers"), "no effect"),
+    (("--pe-absolute", "floater", "--pe-floater-dynamics", "gru", "--pe-floater-rnn-input", "vector",
+      "--pe-floater-dt", "0.5"), "--pe-floater-dt has no effect with --pe-floater-rnn-input vector"),
+    (("--pe-absolute", "floater", "--pe-floater-freeze-dynamics", "--pe-floater-lr-scale", "10"),
+     "--pe-floater-lr-scale has no effect with --pe-floater-freeze-dynamics"),
+    (("--pe-floater-bias", "--cross-self-attention"), "--cross-self-attention is not supported with --pe-floater-bias"),
+    (("--pe-relative", "alibi", "--cross-self-attention"), "--cross-self-attention is not supported with --pe-relative"),
+])
+def test_options_that_change_nothing_or_cannot_work_are_refused(flags, message):
+    with pytest.raises(UserError, match=message):
+        build_model(*flags)
+
+
+def test_options_that_do_change_something_are_accepted():
+    model, _ = build_model("--pe-relative", "t5", "--pe-relative-untie-layers")
+    assert model.encoder.embed_positions.relative.bias.shape[0] == 2
+    model, _ = build_model("--pe-absolute", "floater", "--pe-floater-dynamics", "gru", "--pe-floater-dt", "0.5")
+    assert model.floater.dt == 0.5
+
+
+# ---- through the CLIs -------------------------------------------------------------------------
+
+TRAIN = ["--arch", "transformer_pe_tiny", "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "500",
+         "--max-update", "2", "--no-epoch-checkpoints", "--cpu", "--num-workers", "0", "--log-format", "simple",
+         "--share-all-embeddings", "--disable-validation"]
+
+
+@pytest.fixture(scope="module")
+def data_bin(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    raw = write_corpus(str(root / "raw"), train_size=100, valid_size=10,
+                       test_buckets=[(1, 6), (20, 30)], test_per_bucket=4, seed=3)
+    dest = str(root / "bin")
+    cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", f"{raw}/train",
+        "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test", "--destdir", dest, "--joined-dictionary",
+        "--workers", "1")
+    return dest
+
+
+def assert_user_error(proc, prog, *fragments):
+    """Exit status 2, no traceback, and a last stderr line ``PROG: error: ...`` holding the fragments."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"{prog}: error: "), last
+    for fragment in fragments:
+        assert fragment in last, (fragment, last)
+
+
+@pytest.mark.parametrize("flags,fragments", [
+    (("--pe-relative", "t5", "--pe-t5-num-buckets", "0"), ("--pe-t5-num-buckets must be at least 4, got 0",)),
+    (("--pe-relative", "t5", "--pe-t5-max-distance", "16"), ("--pe-t5-max-distance must be greater than 16",
+                                                             "allowed: 17 or more")),
+    (("--pe-relative", "rope", "--pe-relative-untie-heads"), ("--pe-relative-untie-heads has no effect",)),
+])
+def test_fairseq_train_reports_a_bad_option_in_one_line(data_bin, tmp_path, flags, fragments):
+    proc = cli("fairseq-train", data_bin, "--user-dir", PLUGIN, *TRAIN, "--save-dir", str(tmp_path), *flags,
+               check=False)
+    assert_user_error(proc, "fairseq-train", *fragments)
+    assert not os.listdir(tmp_path)  # nothing trained, nothing written
+
+
+@pytest.fixture(scope="module")
+def short_table_checkpoint(data_bin, tmp_path_factory):
+    """A learned APE of 12 rows: the test set's long sentences (20-30 words) do not fit."""
+    save = tmp_path_factory.mktemp("ckpt")
+    cli("fairseq-train", data_bin, "--user-dir", PLUGIN, *TRAIN, "--save-dir", str(save), "--pe-absolute", "learned",
+        "--max-source-positions", "12", "--max-target-positions", "12", "--skip-invalid-size-inputs-valid-test")
+    return str(save / "checkpoint_last.pt")
+
+
+def generate(data_bin, path, *extra, env=None):
+    cmd = ["fairseq-generate", data_bin, "--user-dir", PLUGIN, "--path", path, "--gen-subset", "test",
+           "--beam", "1", "--max-tokens", "2000", "--cpu", *extra]
+    if env is None:
+        return cli(*cmd, check=False)
+    import subprocess
+
+    return subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True)
+
+
+def test_fairseq_generate_reports_a_sentence_longer_than_the_learned_table(data_bin, short_table_checkpoint):
+    proc = generate(data_bin, short_table_checkpoint)
+    assert_user_error(proc, "fairseq-generate", "Size of sample", "--max-source-positions")
+
+
+def test_fairseq_generate_reports_missing_and_corrupt_checkpoints(data_bin, short_table_checkpoint, tmp_path):
+    missing = str(tmp_path / "nope.pt")
+    assert_user_error(generate(data_bin, missing), "fairseq-generate", f"--path {missing}: no such checkpoint file")
+    truncated = tmp_path / "truncated.pt"
+    with open(short_table_checkpoint, "rb") as f:
+        truncated.write_bytes(f.read()[:5000])
+    assert_user_error(generate(data_bin, str(truncated)), "fairseq-generate", str(truncated), "cannot be read")
+    text = tmp_path / "notes.pt"
+    text.write_text("not a checkpoint\n")
+    assert_user_error(generate(data_bin, str(text)), "fairseq-generate", str(text), "cannot be read")
+    # FAIRSEQ_PE_TRACEBACK=1 shows the traceback of a user error, for debugging
+    proc = generate(data_bin, missing, env={"FAIRSEQ_PE_TRACEBACK": "1"})
+    assert proc.returncode != 0 and "Traceback" in proc.stderr and "UserError" in proc.stderr
+
+
+def test_a_real_bug_keeps_its_traceback(tmp_path):
+    script = tmp_path / "bug.py"
+    script.write_text("import fairseq_pe\nraise RuntimeError('a bug')\n")
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "RuntimeError: a bug" in proc.stderr
+    script.write_text("import fairseq_pe\nfrom fairseq_pe.errors import UserError\nraise UserError('--x is wrong')\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "bug.py: error: --x is wrong"
