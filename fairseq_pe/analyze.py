@@ -17,15 +17,19 @@ model's decoder) and writes DIR/NAME/:
 (only those that apply), and in DIR one table of property scores for all checkpoints:
   properties.md, properties.json, report.md, identical-word.png, absolute.png.
 
-NAME is the checkpoint's folder name unless --names is given.
+NAME is the checkpoint's folder name unless --names is given.  Files of an earlier analysis in DIR
+are replaced only with --force (pictures it does not draw this time are removed then); every file
+is written atomically, and nothing is ever written over a CHECKPOINT.
 """
 
 import argparse
 import logging
+import os
 import sys
 from typing import List, Optional
 
 from fairseq_pe.analysis.report import DEFAULT_LENGTH, DEFAULT_PROBE_LENGTH
+from fairseq_pe.errors import UserError, cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,9 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user-dir", default=None,
                    help="another fairseq plugin to import first, for checkpoints of its models")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--force", action="store_true",
+                   help="replace the files of an earlier analysis in DIR (default: refuse)")
     return p
 
 
+@cli
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     # force: importing fairseq has configured the root logger already
@@ -63,21 +70,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     for noisy in ("fairseq", "fairseq_pe.models", "matplotlib", "PIL"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.max_offset < 1:
-        print("fairseq-pe-analyze: error: --max-offset must be >= 1", file=sys.stderr)
-        return 2
+        raise UserError(f"--max-offset must be >= 1, got {args.max_offset}")
     if args.user_dir:
+        if not os.path.isdir(args.user_dir):
+            raise UserError(f"--user-dir {args.user_dir}: no such folder")
         from fairseq import utils
 
         utils.import_user_module(argparse.Namespace(user_dir=args.user_dir))
-    from fairseq_pe.analysis import AnalysisError, AnalysisOptions, CheckpointError, analyze_checkpoints
+    from fairseq_pe.analysis import AnalysisOptions, analyze_checkpoints
 
     options = AnalysisOptions(length=args.length, probe_length=args.probe_length, num_tokens=args.num_tokens,
                               max_offset=args.max_offset, seed=args.seed, side=args.side)
-    try:
-        analyses = analyze_checkpoints(args.checkpoints, args.out, names=args.names, options=options)
-    except (AnalysisError, CheckpointError) as e:
-        print(f"fairseq-pe-analyze: error: {e}", file=sys.stderr)
-        return 2
+    # AnalysisError and CheckpointError are UserErrors: "fairseq-pe-analyze: error: ...", status 2
+    analyses = analyze_checkpoints(args.checkpoints, args.out, names=args.names, options=options, force=args.force)
     with open(f"{args.out}/properties.md") as f:
         print(f.read(), end="")
     print(f"wrote {args.out}/report.md, {args.out}/properties.md/.json and "

@@ -1,14 +1,16 @@
 """Strict reading of ``fairseq-generate`` output and sacreBLEU per source-length bucket.
 
 Nothing is dropped silently: every source sentence must have exactly one hypothesis,
-otherwise :class:`GenerateOutputError` says which sentence ids are missing or repeated.
+otherwise :class:`GenerateOutputError` says which sentence ids are missing or repeated.  A
+sentence known not to be translated (its source longer than the model's positions) is named as
+such, and the scores that would need it are marked unavailable, never computed on the rest.
 """
 
 import argparse
 import math
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Collection, Dict, List, Optional, Sequence, Tuple
 
 import sacrebleu
 
@@ -21,21 +23,23 @@ class GenerateOutputError(ValueError):
 
 @dataclass
 class GeneratedSentence:
-    source: str
+    source: Optional[str]  # None for a sentence that was not translated
     reference: Optional[str]
-    hypothesis: str
-    score: float
+    hypothesis: Optional[str]  # None: not translated (``not_translated`` of read_generate_output)
+    score: Optional[float]
 
 
 _LINE = re.compile(r"^([STHD])-(\d+)\t(.*)$")
 
 
-def read_generate_output(path: str, expected: Optional[int] = None, detokenized: bool = True) -> List[GeneratedSentence]:
+def read_generate_output(path: str, expected: Optional[int] = None, detokenized: bool = True,
+                         not_translated: Collection[int] = ()) -> List[GeneratedSentence]:
     """Parse ``fairseq-generate`` output into a list ordered by sentence id.
 
     Uses the ``D-`` (detokenized) hypothesis lines when ``detokenized`` else ``H-``.
     ``expected`` is the number of sentences in the test set; ids 0..expected-1 must each
-    appear exactly once.
+    appear exactly once, except the ids of ``not_translated`` (sentences fairseq-generate was
+    told to skip), which must not appear: their entries have ``hypothesis`` None.
     """
     sources: Dict[int, str] = {}
     refs: Dict[int, str] = {}
@@ -58,12 +62,16 @@ def read_generate_output(path: str, expected: Optional[int] = None, detokenized:
                 hyps.setdefault(idx, []).append((float(score), text))
     if expected is None:
         expected = max(sources) + 1 if sources else 0
-    want = set(range(expected))
+    skipped = set(not_translated)
+    want = set(range(expected)) - skipped
     problems = []
+    translated_anyway = sorted(skipped & (set(sources) | set(hyps)))
+    if translated_anyway:
+        problems.append(f"sentence(s) {translated_anyway[:10]} were expected to be skipped but were translated")
     missing_src = sorted(want - set(sources))
     if missing_src:
         problems.append(f"no S- line for {len(missing_src)} sentence(s), e.g. ids {missing_src[:10]}")
-    extra = sorted(set(sources) - want)
+    extra = sorted(set(sources) - want - skipped)
     if extra:
         problems.append(f"unexpected sentence ids {extra[:10]} (expected 0..{expected - 1})")
     missing_hyp = sorted(want - set(hyps))
@@ -78,7 +86,8 @@ def read_generate_output(path: str, expected: Optional[int] = None, detokenized:
     if problems:
         raise GenerateOutputError(f"{path}: " + "; ".join(problems))
     return [
-        GeneratedSentence(sources[i], refs.get(i), hyps[i][0][1], hyps[i][0][0]) for i in range(expected)
+        GeneratedSentence(None, None, None, None) if i in skipped
+        else GeneratedSentence(sources[i], refs.get(i), hyps[i][0][1], hyps[i][0][0]) for i in range(expected)
     ]
 
 
@@ -106,6 +115,11 @@ def assign_bucket(length: int, buckets: Sequence[Bucket]) -> Optional[int]:
     return None
 
 
+def unavailable(n: int, reason: str) -> dict:
+    """The entry of a score that cannot be computed (a sentence of it was not translated)."""
+    return {"bleu": None, "n": n, "ratio": None, "na": reason}
+
+
 def _score(metric, hyps: List[str], refs: List[str]) -> dict:
     """BLEU, sentence count and the length ratio (hypothesis / reference tokens, as sacreBLEU counts them)."""
     if not hyps:
@@ -115,10 +129,11 @@ def _score(metric, hyps: List[str], refs: List[str]) -> dict:
 
 
 def bucketed_bleu(
-    hypotheses: Sequence[str],
+    hypotheses: Sequence[Optional[str]],
     references: Sequence[str],
     lengths: Sequence[int],
     buckets: Sequence[Bucket],
+    missing_reason: Optional[str] = None,
     **bleu_kwargs,
 ) -> Dict[str, dict]:
     """sacreBLEU of each bucket and of all sentences.
@@ -126,12 +141,20 @@ def bucketed_bleu(
     Returns ``{label: {"bleu": float, "n": int, "ratio": float}}`` (``ratio``: hypothesis length over
     reference length, which shows a model stopping early or running on) plus an ``"all"`` entry and a
     ``"signature"`` string.  A sentence whose length falls in no bucket is an error.
+
+    A hypothesis None is a sentence that was not translated, for ``missing_reason``: every score
+    that would include it (its bucket, ``"all"``) is :func:`unavailable` with that reason, the
+    others are computed as usual.  Without a reason, a None hypothesis is an error.
     """
     if not (len(hypotheses) == len(references) == len(lengths)):
         raise GenerateOutputError(
             f"{len(hypotheses)} hypotheses, {len(references)} references and {len(lengths)} lengths: "
             "the inputs must be line-aligned"
         )
+    missing = [i for i, h in enumerate(hypotheses) if h is None]
+    if missing and missing_reason is None:
+        raise GenerateOutputError(f"no hypothesis for {len(missing)} sentence(s), e.g. {missing[:10]}")
+    missing = set(missing)
     members: List[List[int]] = [[] for _ in buckets]
     for i, n in enumerate(lengths):
         b = assign_bucket(n, buckets)
@@ -144,7 +167,15 @@ def bucketed_bleu(
     result: Dict[str, dict] = {}
     metric = sacrebleu.metrics.BLEU(**bleu_kwargs)
     for bucket, idx in zip(buckets, members):
-        result[bucket_label(bucket)] = _score(metric, [hypotheses[i] for i in idx], [references[i] for i in idx])
-    result["all"] = _score(metric, list(hypotheses), list(references))
+        if missing.intersection(idx):
+            result[bucket_label(bucket)] = unavailable(len(idx), missing_reason)
+        else:
+            result[bucket_label(bucket)] = _score(metric, [hypotheses[i] for i in idx], [references[i] for i in idx])
+    if missing:
+        result["all"] = unavailable(len(hypotheses), missing_reason)
+    else:
+        result["all"] = _score(metric, list(hypotheses), list(references))
+    if all(r.get("bleu") is None for r in result.values()):
+        metric.corpus_score([""], [[""]])  # nothing scored: the signature needs one call (it counts references)
     result["signature"] = str(metric.get_signature())
     return result

@@ -19,10 +19,12 @@ those tokens (sacreBLEU with ``tokenize='none'``, i.e. ``multi-bleu.perl``).
 
 Nothing is dropped: a generate output with a missing or repeated hypothesis, a file whose line
 count differs from the source/reference, or a length outside every bucket is an error.
+
+``--out PREFIX`` never writes over an input file, and replaces the files of an earlier run only with
+``--force``; each file is written atomically (complete, or not at all).
 """
 
 import argparse
-import json
 import math
 import os
 import re
@@ -37,11 +39,35 @@ from fairseq_pe.bleu import (
     parse_buckets,
     read_generate_output,
 )
+from fairseq_pe.errors import UserError, cli
+from fairseq_pe.outputs import atomic_path, check_new_files, describe, write_json, write_text
+
+#: the files of ``--out PREFIX``
+OUT_SUFFIXES = (".txt", ".json", ".png")
 
 
-def read_lines(path: str) -> List[str]:
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
+def read_lines(path: str, flag: Optional[str] = None) -> List[str]:
+    """The lines of a UTF-8 text file; with ``flag``, a missing or unreadable file is a
+    :class:`~fairseq_pe.errors.UserError` naming the option."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [line.rstrip("\n") for line in f]
+    except (OSError, UnicodeDecodeError) as e:
+        if flag is None:
+            raise
+        reason = "no such file" if isinstance(e, FileNotFoundError) else f"cannot be read as UTF-8 text ({e})"
+        raise UserError(f"{describe(flag, path)}: {reason}") from None
+
+
+def load_spm(path: str, flag: str = "--spm-model"):
+    import sentencepiece as spm
+
+    if not os.path.isfile(path):
+        raise UserError(f"{flag} {path}: no such file")
+    try:
+        return spm.SentencePieceProcessor(model_file=path)
+    except (OSError, RuntimeError) as e:
+        raise UserError(f"{flag} {path}: not a sentencepiece model ({e})") from None
 
 
 def undo_segmentation(lines: Sequence[str], mode: str) -> List[str]:
@@ -74,42 +100,49 @@ def compound_split_tokens(lines: Sequence[str], lang: str) -> List[str]:
 
 def source_lengths(args, n_expected: int) -> List[int]:
     if args.lengths:
-        lengths = [int(x) for x in read_lines(args.lengths) if x.strip() != ""]
+        lengths = []
+        for i, x in enumerate(read_lines(args.lengths, "--lengths"), 1):
+            if x.strip() == "":
+                continue
+            try:
+                lengths.append(int(x))
+            except ValueError:
+                raise UserError(f"--lengths {args.lengths}: line {i} is {x!r}, not a whole number") from None
         origin = f"--lengths {args.lengths}"
     elif args.source:
-        sources = read_lines(args.source)
+        sources = read_lines(args.source, "--source")
         origin = f"--source {args.source}"
         from fairseq_pe.s2l import source_lengths as measure
 
         sp = None
         if args.unit == "subword":
             if not args.spm_model:
-                raise SystemExit("--unit subword needs --spm-model (or give --lengths, or --unit word)")
-            import sentencepiece as spm
-
-            sp = spm.SentencePieceProcessor(model_file=args.spm_model)
+                raise UserError("--unit subword needs --spm-model (or give --lengths, or --unit word)")
+            sp = load_spm(args.spm_model)
         lengths = measure(sources, args.unit, sp)
     else:
-        raise SystemExit("give --source (lengths computed from it) or --lengths FILE")
+        raise UserError("give --source (lengths computed from it) or --lengths FILE")
     if len(lengths) != n_expected:
-        raise SystemExit(f"{origin} has {len(lengths)} lines but --reference {args.reference} has {n_expected}")
+        raise UserError(f"{origin} has {len(lengths)} lines but --reference {args.reference} has {n_expected}")
     return lengths
 
 
 def system_hypotheses(name: str, path: str, args, n_expected: int) -> List[str]:
     if not os.path.isfile(path):
-        raise SystemExit(f"--system {name}={path}: no such file")
+        raise UserError(f"--system {name}={path}: no such file")
     if args.plain:
-        hyps = read_lines(path)
+        hyps = read_lines(path, f"--system {name}=")
         if len(hyps) != n_expected:
-            raise SystemExit(f"--system {name}={path} has {len(hyps)} lines but --reference {args.reference} "
-                             f"has {n_expected}: the files must be line-aligned")
+            raise UserError(f"--system {name}={path} has {len(hyps)} lines but --reference {args.reference} "
+                            f"has {n_expected}: the files must be line-aligned")
     else:
         try:
             hyps = [s.hypothesis for s in read_generate_output(path, expected=n_expected,
                                                                detokenized=args.hyp_tag == "D")]
         except GenerateOutputError as e:
-            raise SystemExit(f"--system {name}: {e}")
+            raise UserError(f"--system {name}: {e}") from None
+        except UnicodeDecodeError as e:
+            raise UserError(f"--system {name}={path}: cannot be read as UTF-8 text ({e})") from None
     return undo_segmentation(hyps, args.segmentation)
 
 
@@ -133,24 +166,35 @@ def score_systems(systems: Dict[str, List[str]], refs: Sequence[str], lengths: S
 
 def format_table(results: Dict[str, Dict[str, dict]], buckets: Sequence[Bucket], title: str,
                  extras: Sequence[str] = (), key: str = "bleu") -> str:
-    """One row per system: the buckets, ``all``, then one column per extra test set (its overall score)."""
+    """One row per system: the buckets, ``all``, then one column per extra test set (its overall score).
+
+    A score that could not be computed (an entry with ``"na"``: its reason) shows ``n/a [k]``, and
+    note ``[k]`` under the table gives the reason."""
     labels = [bucket_label(b) for b in buckets] + ["all"] + list(extras)
     first = next(iter(results.values()))
     head = ["encoding"] + [f"{lab} (n={first[lab]['n']})" for lab in labels]
+    notes: List[str] = []
 
-    def cell(res, lab):
+    def cell(name, res, lab):
+        if res[lab].get("na"):
+            note = f"{name}: {res[lab]['na']}"
+            if note not in notes:
+                notes.append(note)
+            return f"n/a [{notes.index(note) + 1}]"
         v = res[lab].get(key, math.nan)
         if v is None or (isinstance(v, float) and math.isnan(v)):
             return "-"
         return f"{v:.2f}" if key == "ratio" else f"{v:.1f}"
 
-    rows = [[name] + [cell(res, lab) for lab in labels] for name, res in results.items()]
+    rows = [[name] + [cell(name, res, lab) for lab in labels] for name, res in results.items()]
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     sig = {"bleu": first["signature"], "tok_bleu": first.get("tok_signature", ""),
            "ratio": "hypothesis length / reference length (sacreBLEU tokens); < 1 stops early, > 1 runs on"}[key]
-    return "\n".join([title, line(head), sep] + [line(r) for r in rows] + ["", sig])
+    notes = [f"[{k}] {note}" for k, note in enumerate(notes, 1)]
+    return "\n".join([title, line(head), sep] + [line(r) for r in rows] + ([""] + notes if notes else [])
+                     + ["", sig])
 
 
 def plot(results: Dict[str, Dict[str, dict]], buckets: Sequence[Bucket], path: str, title: str,
@@ -167,13 +211,18 @@ def plot(results: Dict[str, Dict[str, dict]], buckets: Sequence[Bucket], path: s
 
     labels = [bucket_label(b) for b in buckets]
     xs_extra = [len(labels) + 0.5 + i for i in range(len(extras))]
+
+    def value(entry, key):  # an unavailable score (None) is a gap
+        v = entry.get(key)
+        return math.nan if v is None else v
+
     fig, axes = plt.subplots(1, 2, figsize=(13 + 0.8 * len(extras), 4.8))
     for ax, key, ylabel in ((axes[0], "bleu", "sacreBLEU"), (axes[1], "ratio", "length ratio (hyp / ref)")):
         for name, res in results.items():
-            (ln,) = ax.plot(range(len(labels)), [res[lab].get(key, math.nan) for lab in labels], marker="o",
+            (ln,) = ax.plot(range(len(labels)), [value(res[lab], key) for lab in labels], marker="o",
                             label=name)
             if extras:
-                ax.plot(xs_extra, [res[e].get(key, math.nan) for e in extras], marker="s", linestyle="none",
+                ax.plot(xs_extra, [value(res[e], key) for e in extras], marker="s", linestyle="none",
                         color=ln.get_color())
         ax.set_xticks(list(range(len(labels))) + xs_extra)
         ax.set_xticklabels(labels + list(extras))
@@ -188,17 +237,16 @@ def plot(results: Dict[str, Dict[str, dict]], buckets: Sequence[Bucket], path: s
     axes[1].set_title("< 1: stops early, > 1: runs on")
     axes[0].legend(fontsize=8, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
 
 
 def write_outputs(prefix: str, tables: Sequence[str], payload: dict, results, buckets, title: str, extras=(),
                   xlabel: str = "source length"):
-    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
-    with open(prefix + ".txt", "w", encoding="utf-8") as f:
-        f.write("\n\n".join(tables) + "\n")
-    with open(prefix + ".json", "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=2)
+    """``PREFIX.txt``, ``PREFIX.json`` and ``PREFIX.png``, each written atomically."""
+    write_text(prefix + ".txt", "\n\n".join(tables) + "\n")
+    write_json(prefix + ".json", payload, indent=2)
     plot(results, buckets, prefix + ".png", title, extras, xlabel)
 
 
@@ -223,29 +271,37 @@ def get_parser():
                    help="also report Moses-tokenised, compound-split BLEU (paper-comparable) for target LANG")
     p.add_argument("--title", default="sacreBLEU per source-length bucket")
     p.add_argument("--out", help="write PREFIX.txt, PREFIX.json and PREFIX.png")
+    p.add_argument("--force", action="store_true", help="replace the --out files of an earlier run")
     return p
 
 
+@cli
 def main(argv: Optional[List[str]] = None):
     args = get_parser().parse_args(argv)
     systems = {}
     for spec in args.system:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
-            raise SystemExit(f"--system {spec!r}: use NAME=PATH")
+            raise UserError(f"--system {spec!r}: use NAME=PATH")
         if name in systems:
-            raise SystemExit(f"--system {name}: given twice")
+            raise UserError(f"--system {name}: given twice")
         systems[name] = path
-    refs = read_lines(args.reference)
-    if args.source and len(read_lines(args.source)) != len(refs):
-        raise SystemExit(f"--source {args.source} has {len(read_lines(args.source))} lines but --reference "
-                         f"{args.reference} has {len(refs)}: the files must be line-aligned")
+    if args.out:  # before any work: never over an input, never over results without --force
+        inputs = [(f"--system {n}=", p) for n, p in systems.items()] + [
+            (flag, path) for flag, path in (("--reference", args.reference), ("--source", args.source),
+                                            ("--lengths", args.lengths), ("--spm-model", args.spm_model)) if path]
+        check_new_files([args.out + suffix for suffix in OUT_SUFFIXES], args.force, flag="--out", inputs=inputs,
+                        where=args.out)
+    refs = read_lines(args.reference, "--reference")
+    if args.source and len(read_lines(args.source, "--source")) != len(refs):
+        raise UserError(f"--source {args.source} has {len(read_lines(args.source))} lines but --reference "
+                        f"{args.reference} has {len(refs)}: the files must be line-aligned")
     lengths = source_lengths(args, len(refs))
     hyps = {name: system_hypotheses(name, path, args, len(refs)) for name, path in systems.items()}
     try:
         results = score_systems(hyps, refs, lengths, args.buckets, args.tokenized_bleu)
     except GenerateOutputError as e:
-        raise SystemExit(str(e))
+        raise UserError(str(e)) from None
     unit = args.unit if not args.lengths else "as in " + os.path.basename(args.lengths)
     tables = [format_table(results, args.buckets, args.title)]
     if args.tokenized_bleu:

@@ -67,6 +67,25 @@ def as_user_errors():
         raise UserError(str(exc)) from exc
 
 
+def console_script_name(function):
+    """The console script (setup.py's entry points) whose module defines ``function``, if any:
+    ``python -m fairseq_pe.quickstart`` then reports errors as ``fairseq-pe-quickstart``."""
+    from importlib.metadata import entry_points
+
+    try:
+        scripts = entry_points(group="console_scripts")
+    except Exception:  # noqa: BLE001  (metadata of a broken install must not hide the error)
+        return None
+    module = function.__module__
+    if module == "__main__":  # python -m fairseq_pe.X
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        module = spec.name if spec is not None else module
+    for script in scripts:
+        if script.value.split(":")[0] == module:
+            return script.name
+    return None
+
+
 def cli(main):
     """Decorator for console-script ``main`` functions: a :class:`UserError` ends the process as
     ``PROG: error: MESSAGE`` with status 2 (also when called in-process, as ``SystemExit(2)``)."""
@@ -79,7 +98,7 @@ def cli(main):
         except UserError as exc:
             if os.environ.get(TRACEBACK_ENV):
                 raise
-            sys.stderr.write(user_error_message(exc) + "\n")
+            sys.stderr.write(user_error_message(exc, console_script_name(main)) + "\n")
             raise SystemExit(2) from exc
 
     return wrapper

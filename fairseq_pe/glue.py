@@ -31,7 +31,8 @@ checkpoint's ``--classification-head-name``); an example longer than the model's
 error, not skipped.  ``--out PREFIX`` writes ``PREFIX.json`` (metrics, counts, paths) and
 ``PREFIX.predictions.tsv`` (``id``, ``prediction``, ``target``; ids are the 0-based example
 numbers of the split; STS-B on the 0-5 scale).  A split without labels (a public GLUE test set)
-gets predictions and no metrics.
+gets predictions and no metrics.  Both files are written atomically (the JSON last); those of an
+earlier run are replaced only with ``--force``, and never an input (``--path``, ``DATA_BIN``'s files).
 """
 
 import argparse
@@ -45,6 +46,9 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from fairseq_pe.errors import UserError, cli
+from fairseq_pe.outputs import atomic_open, check_new_files, write_json
+
 DEFAULT_HEAD = "sentence_classification_head"
 
 TASK_METRICS = {
@@ -57,7 +61,7 @@ TASK_METRICS = {
 }
 
 
-class GlueEvalError(Exception):
+class GlueEvalError(UserError):
     """Bad input: the message names the flag or file."""
 
 
@@ -147,8 +151,14 @@ def _read_task_json(data_bin: str) -> Optional[dict]:
     path = os.path.join(data_bin, "task.json")
     if not os.path.isfile(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+    except (OSError, ValueError) as e:
+        raise GlueEvalError(f"{path}: unreadable ({e}); prepare DATA_BIN again with fairseq-pe-prepare-glue") from None
+    if not isinstance(info, dict) or "task" not in info:
+        raise GlueEvalError(f"{path}: not a task.json of fairseq-pe-prepare-glue (no \"task\")")
+    return info
 
 
 def _cfg_get(cfg, section: str, key: str, default=None):
@@ -196,10 +206,16 @@ def evaluate(data_bin: str, checkpoint: str, split: str = "valid", batch_size: i
                       if f.endswith(".idx")) if os.path.isdir(os.path.join(data_bin, "input0")) else []
         raise GlueEvalError(f"--split {split}: no {data_bin}/input0/{split}.idx (splits there: {', '.join(have) or 'none'})")
     if user_dir:
+        if not os.path.isdir(user_dir):
+            raise GlueEvalError(f"--user-dir {user_dir}: no such folder")
         utils.import_user_module(argparse.Namespace(user_dir=user_dir))
 
     overrides = {"data": data_bin}
-    state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint, overrides)
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint, overrides)
+    except Exception as e:  # noqa: BLE001  (a truncated file, not a torch pickle, ...)
+        raise GlueEvalError(f"--path {checkpoint}: cannot be read as a fairseq checkpoint "
+                            f"({type(e).__name__}: {str(e)[:300]})") from None
     saved = state.get("cfg")
     task_type = _cfg_get(saved, "task", "_name") if saved is not None else \
         getattr(state.get("args"), "task", None)
@@ -312,21 +328,24 @@ def _json_number(v):
     return None if isinstance(v, float) and math.isnan(v) else v
 
 
+def output_files(prefix: str) -> List[str]:
+    """The files of ``--out PREFIX``."""
+    return [prefix + ".json", prefix + ".predictions.tsv"]
+
+
 def write_result(result: dict, prefix: str):
-    d = os.path.dirname(os.path.abspath(prefix))
-    os.makedirs(d, exist_ok=True)
+    """``PREFIX.predictions.tsv`` then ``PREFIX.json`` (the summary, last: it says the run is
+    complete), each written atomically."""
     summary = {k: v for k, v in result.items() if k not in ("predictions", "targets")}
     summary["metrics"] = {k: _json_number(v) for k, v in result["metrics"].items()}
     summary["predictions_file"] = os.path.abspath(prefix + ".predictions.tsv")
-    with open(prefix + ".json", "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1)
-        f.write("\n")
-    with open(prefix + ".predictions.tsv", "w", encoding="utf-8") as f:
+    with atomic_open(prefix + ".predictions.tsv", newline="\n") as f:
         f.write("id\tprediction\ttarget\n")
         targets = result["targets"] or [""] * len(result["predictions"])
         fmt = lambda v: f"{v:.6g}" if isinstance(v, float) else str(v)  # noqa: E731
         for i, (p, t) in enumerate(zip(result["predictions"], targets)):
             f.write(f"{i}\t{fmt(p)}\t{fmt(t)}\n")
+    write_json(prefix + ".json", summary)
 
 
 def format_metrics(result: dict) -> str:
@@ -339,6 +358,7 @@ def format_metrics(result: dict) -> str:
         f"  [main: {result['main_metric']}]"
 
 
+@cli
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="fairseq-pe-glue-eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -351,14 +371,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--glue-task", default=None, help="the GLUE task, when DATA_BIN has no task.json")
     p.add_argument("--cpu", action="store_true", help="do not use a GPU")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--force", action="store_true", help="replace the --out files of an earlier run")
     args = p.parse_args(argv)
-    try:
-        result = evaluate(args.data_bin, args.path, split=args.split, batch_size=args.batch_size,
-                          glue_task=args.glue_task, user_dir=args.user_dir, cpu=args.cpu,
-                          progress=not args.quiet, out_prefix=args.out)
-    except GlueEvalError as e:
-        print(f"fairseq-pe-glue-eval: error: {e}", file=sys.stderr)
-        return 2
+    if args.out:  # before any work (GlueEvalError and UserError end as "PROG: error: ...", status 2)
+        inputs = [("--path", args.path)]
+        if os.path.isdir(args.data_bin):
+            inputs += [("DATA_BIN", os.path.join(root, name)) for root, _, names in os.walk(args.data_bin)
+                       for name in names]
+        check_new_files(output_files(args.out), args.force, flag="--out", inputs=inputs, where=args.out)
+    result = evaluate(args.data_bin, args.path, split=args.split, batch_size=args.batch_size,
+                      glue_task=args.glue_task, user_dir=args.user_dir, cpu=args.cpu,
+                      progress=not args.quiet, out_prefix=args.out)
     print(format_metrics(result), flush=True)
     if args.out:
         print(f"wrote {args.out}.json and {args.out}.predictions.tsv", flush=True)

@@ -8,9 +8,25 @@ encoding with ``fairseq-train --user-dir fairseq_pe``, decodes the test set with
 written as JSON and as a PNG plot).  ``--data DIR`` uses a real corpus instead
 (``DIR/{train,valid,test}.{SRC,TGT}``, raw text, one sentence per line), segmented with a
 sentencepiece model trained on its training split.
+
+Test sets are translated from their sources alone: a reference only serves scoring, so a
+reference longer than a learned position table never stops a system.  Only a *source* longer
+than the model's source positions cannot be translated; the scores that would need it (its
+bucket and ``all``, or an ``--extra-test`` column) are then marked ``n/a`` with the reason, and
+every other score of that system is kept.  A decoding that fails marks its column the same way.
+
+The work dir is resumed: trained systems and their translations are reused.  It is recorded in
+``WORK/quickstart.json`` with the options its data were built with (each system's options in
+``WORK/systems/NAME/system.json``); a re-run with other options stops and names them, since
+reusing would mix results of different settings: ``--force`` rebuilds and retrains, or choose
+another ``--workdir``.  A folder that holds other files and was not made by the quickstart is never
+used.
 """
 
 import argparse
+import hashlib
+import json
+import logging
 import os
 import re
 import shutil
@@ -19,12 +35,22 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from fairseq_pe.bleu import bucket_label, bucketed_bleu, parse_buckets, read_generate_output
+from fairseq_pe.bleu import GenerateOutputError, bucket_label, bucketed_bleu, parse_buckets, read_generate_output
 from fairseq_pe.bucket_bleu import format_table, write_outputs
+from fairseq_pe.errors import UserError, cli
+from fairseq_pe.outputs import atomic_path, same_file, write_json, write_text
 
 PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
+#: what a work dir is recognised by, with the options its data were built with
+WORK_MARKER = "quickstart.json"
+#: the folders and files the quickstart writes in its work dir
+WORK_ENTRIES = ("raw", "spm", "data-bin", "extra", "systems", "preprocess.log", "results.txt", "results.json",
+                "results.png", WORK_MARKER)
+#: --max-source/target-positions of fairseq-generate: the task sets no limit of its own, the model's
+#: position tables (if any) are the only one
+GENERATE_MAX_POSITIONS = 1_000_000
 
 #: the encodings the quickstart compares by default: name -> extra fairseq-train flags
 DEFAULT_SYSTEMS = {
@@ -62,9 +88,7 @@ def parse_system(spec: str) -> (str, List[str]):
         name, flags = spec.split("=", 1)
         return name.strip(), flags.split()
     if spec not in NAMED_SYSTEMS:
-        raise SystemExit(
-            f"--systems: unknown system {spec!r}; use one of {sorted(NAMED_SYSTEMS)} or NAME=FLAGS"
-        )
+        raise UserError(f"--systems: unknown system {spec!r}; use one of {sorted(NAMED_SYSTEMS)} or NAME=FLAGS")
     return spec, NAMED_SYSTEMS[spec]
 
 
@@ -102,6 +126,22 @@ def read_lines(path: str) -> List[str]:
         return [line.rstrip("\n") for line in f]
 
 
+def copy_input(src: str, dst: str):
+    """Copy a user's file into the work dir (atomically; nothing to do when it is that file already)."""
+    if os.path.exists(dst) and same_file(src, dst):
+        return
+    with atomic_path(dst) as tmp:
+        shutil.copyfile(src, tmp)
+
+
+def file_digest(path: str) -> str:
+    h = hashlib.sha1()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def parse_extra_test(spec: str) -> (str, str, str):
     """``NAME=SRC,REF``: an additional test corpus (raw text, line-aligned)."""
     name, sep, files = spec.partition("=")
@@ -115,36 +155,33 @@ def prepare_extra_tests(args) -> List[str]:
     """Copy each ``--extra-test`` into ``WORK/extra/NAME.{SRC,TGT}``; returns the prefixes."""
     prefixes = []
     for name, src, ref in args.extra_test:
-        for path in (src, ref):
-            if not os.path.isfile(path):
-                raise SystemExit(f"--extra-test {name}: no such file {path}")
-        a, b = count_lines(src), count_lines(ref)
-        if a != b:
-            raise SystemExit(f"--extra-test {name}: {src} has {a} lines but {ref} has {b}")
-        if a == 0:
-            raise SystemExit(f"--extra-test {name}: {src} is empty")
-        os.makedirs(os.path.join(args.workdir, "extra"), exist_ok=True)
         prefix = os.path.join(args.workdir, "extra", name)
-        shutil.copy(src, f"{prefix}.{args.source_lang}")
-        shutil.copy(ref, f"{prefix}.{args.target_lang}")
+        copy_input(src, f"{prefix}.{args.source_lang}")
+        copy_input(ref, f"{prefix}.{args.target_lang}")
         prefixes.append(prefix)
     return prefixes
+
+
+def check_extra_tests(args):
+    """Every ``--extra-test`` is there, readable and line-aligned (before anything is written)."""
+    for name, src, ref in args.extra_test:
+        for path in (src, ref):
+            if not os.path.isfile(path):
+                raise UserError(f"--extra-test {name}: no such file {path}")
+        try:
+            a, b = count_lines(src), count_lines(ref)
+        except UnicodeDecodeError as e:
+            raise UserError(f"--extra-test {name}: {src} or {ref} is not UTF-8 text ({e})") from None
+        if a != b:
+            raise UserError(f"--extra-test {name}: {src} has {a} lines but {ref} has {b}")
+        if a == 0:
+            raise UserError(f"--extra-test {name}: {src} is empty")
 
 
 def prepare_corpus(args) -> str:
     """Raw text of train/valid/test in ``WORK/raw``; returns that directory."""
     raw = os.path.join(args.workdir, "raw")
     if args.data:
-        for split in ("train", "valid", "test"):
-            for lang in (args.source_lang, args.target_lang):
-                path = os.path.join(args.data, f"{split}.{lang}")
-                if not os.path.isfile(path):
-                    raise SystemExit(f"--data {args.data}: missing {path} (expected {{train,valid,test}}.{{SRC,TGT}})")
-            a = count_lines(os.path.join(args.data, f"{split}.{args.source_lang}"))
-            b = count_lines(os.path.join(args.data, f"{split}.{args.target_lang}"))
-            if a != b:
-                raise SystemExit(f"--data {args.data}: {split}.{args.source_lang} has {a} lines but "
-                                 f"{split}.{args.target_lang} has {b}")
         return args.data
     from fairseq_pe.synthetic import write_corpus
 
@@ -153,6 +190,27 @@ def prepare_corpus(args) -> str:
     log(f"synthetic corpus: {args.train_size} training pairs of 1-16 words, test buckets "
         f"{[bucket_label(b) for b in args.buckets]} in {raw}")
     return raw
+
+
+def check_data(args):
+    """``--data`` holds line-aligned ``{train,valid,test}.{SRC,TGT}`` (before anything is written)."""
+    if not os.path.isdir(args.data):
+        raise UserError(f"--data {args.data}: no such folder")
+    for split in ("train", "valid", "test"):
+        for lang in (args.source_lang, args.target_lang):
+            path = os.path.join(args.data, f"{split}.{lang}")
+            if not os.path.isfile(path):
+                raise UserError(f"--data {args.data}: missing {path} (expected {{train,valid,test}}.{{SRC,TGT}})")
+        try:
+            a = count_lines(os.path.join(args.data, f"{split}.{args.source_lang}"))
+            b = count_lines(os.path.join(args.data, f"{split}.{args.target_lang}"))
+        except UnicodeDecodeError as e:
+            raise UserError(f"--data {args.data}: {split}.* is not UTF-8 text ({e})") from None
+        if a != b:
+            raise UserError(f"--data {args.data}: {split}.{args.source_lang} has {a} lines but "
+                            f"{split}.{args.target_lang} has {b}")
+    if args.spm_model and not os.path.isfile(args.spm_model):
+        raise UserError(f"--spm-model {args.spm_model}: no such file")
 
 
 def segment(args, raw: str, extra: Sequence[str]) -> (str, List[str]):
@@ -166,34 +224,65 @@ def segment(args, raw: str, extra: Sequence[str]) -> (str, List[str]):
     os.makedirs(out, exist_ok=True)
     model = os.path.join(out, "spm.model")
     if args.spm_model:
-        if not os.path.isfile(args.spm_model):
-            raise SystemExit(f"--spm-model {args.spm_model}: no such file")
-        shutil.copy(args.spm_model, model)
+        copy_input(args.spm_model, model)
     elif not os.path.exists(model):
         log(f"training a joint sentencepiece model ({args.spm_vocab_size} pieces)")
-        spm.SentencePieceTrainer.train(
-            input=[os.path.join(raw, f"train.{lang}") for lang in (args.source_lang, args.target_lang)],
-            model_prefix=os.path.join(out, "spm"), vocab_size=args.spm_vocab_size,
-            character_coverage=1.0, model_type="unigram", input_sentence_size=2_000_000,
-            shuffle_input_sentence=True, minloglevel=2,
-        )
-    sp = spm.SentencePieceProcessor(model_file=model)
+        part = os.path.join(out, "spm.part")  # renamed when complete: a half model is never reused
+        try:
+            spm.SentencePieceTrainer.train(
+                input=[os.path.join(raw, f"train.{lang}") for lang in (args.source_lang, args.target_lang)],
+                model_prefix=part, vocab_size=args.spm_vocab_size,
+                character_coverage=1.0, model_type="unigram", input_sentence_size=2_000_000,
+                shuffle_input_sentence=True, minloglevel=2,
+            )
+        except RuntimeError as e:
+            raise UserError(f"--spm-vocab-size {args.spm_vocab_size}: sentencepiece failed ({e}); "
+                            "try a smaller size") from None
+        os.replace(part + ".vocab", os.path.join(out, "spm.vocab"))
+        os.replace(part + ".model", model)
+    try:
+        sp = spm.SentencePieceProcessor(model_file=model)
+    except (OSError, RuntimeError) as e:
+        raise UserError(f"--spm-model {args.spm_model or model}: not a sentencepiece model ({e})") from None
     prefixes = [os.path.join(raw, split) for split in ("train", "valid", "test")] + list(extra)
     for prefix in prefixes:
         for lang in (args.source_lang, args.target_lang):
             lines = read_lines(f"{prefix}.{lang}")
-            with open(os.path.join(out, f"{os.path.basename(prefix)}.{lang}"), "w", encoding="utf-8") as g:
+            with atomic_path(os.path.join(out, f"{os.path.basename(prefix)}.{lang}")) as tmp, \
+                    open(tmp, "w", encoding="utf-8") as g:
                 for pieces in sp.encode(lines, out_type=str):
                     g.write(" ".join(pieces) + "\n")
     return out, [os.path.join(out, os.path.basename(p)) for p in extra]
 
 
+def source_only(args, data_bin: str, subsets: Sequence[str]) -> str:
+    """``DATA_BIN/source-only``: the dictionaries and the source side of each test subset, what
+    ``fairseq-generate`` translates.  Without the references' side, fairseq checks only the
+    sources against the model's positions (a reference only serves scoring, on the raw text)."""
+    dest = os.path.join(data_bin, "source-only")
+    part = dest + ".part"
+    shutil.rmtree(part, ignore_errors=True)
+    os.makedirs(part)
+    names = [f"dict.{lang}.txt" for lang in (args.source_lang, args.target_lang)]
+    names += [f"{subset}.{args.source_lang}-{args.target_lang}.{args.source_lang}.{ext}" for subset in subsets
+              for ext in ("bin", "idx")]
+    for name in names:
+        shutil.copyfile(os.path.join(data_bin, name), os.path.join(part, name))
+    shutil.rmtree(dest, ignore_errors=True)
+    os.rename(part, dest)
+    return dest
+
+
 def binarize(args, text_dir: str, extra: Sequence[str]) -> str:
-    """``fairseq-preprocess``: subsets train, valid, test and test1, test2, ... for ``--extra-test``."""
+    """``fairseq-preprocess``: subsets train, valid, test and test1, test2, ... for ``--extra-test``,
+    and their sources alone in ``data-bin/source-only`` (:func:`source_only`)."""
     dest = os.path.join(args.workdir, "data-bin")
     marker = os.path.join(dest, "preprocess.done")
     tests = [os.path.join(text_dir, "test")] + list(extra)
+    subsets = ["test"] + [f"test{i}" for i in range(1, len(extra) + 1)]
     if os.path.exists(marker) and read_lines(marker) == tests:
+        if not os.path.isdir(os.path.join(dest, "source-only")):  # a work dir of an earlier version
+            source_only(args, dest, subsets)
         return dest
     shutil.rmtree(dest, ignore_errors=True)
     log("fairseq-preprocess")
@@ -201,27 +290,223 @@ def binarize(args, text_dir: str, extra: Sequence[str]) -> str:
          "--trainpref", os.path.join(text_dir, "train"), "--validpref", os.path.join(text_dir, "valid"),
          "--testpref", ",".join(tests), "--destdir", dest, "--joined-dictionary",
          "--workers", "1"], os.path.join(args.workdir, "preprocess.log"))
-    with open(marker, "w") as f:
-        f.write("\n".join(tests) + "\n")
+    source_only(args, dest, subsets)
+    write_text(marker, "\n".join(tests) + "\n")
     return dest
 
 
-def train_and_decode(args, data_bin: str, name: str, flags: List[str], tests: Dict[str, int]) -> Dict[str, str]:
-    """fairseq-train then fairseq-generate on every test subset for one system; returns subset -> output path."""
+# ---------------------------------------------------------------------------------------------
+# the work dir: what it was made with
+
+
+def data_config(args) -> dict:
+    """The options the work dir's data (raw/, spm/, data-bin/) are built from."""
+    cfg = {"source_lang": args.source_lang, "target_lang": args.target_lang}
+    if args.data:
+        cfg.update(data=os.path.abspath(args.data),
+                   spm_model=os.path.abspath(args.spm_model) if args.spm_model else None,
+                   spm_vocab_size=None if args.spm_model else args.spm_vocab_size)
+    else:  # the synthetic test set is drawn per bucket
+        cfg.update(data=None, train_size=args.train_size, test_per_bucket=args.test_per_bucket, seed=args.seed,
+                   buckets=[bucket_label(b) for b in args.buckets])
+    return cfg
+
+
+def extra_config(args) -> List[dict]:
+    """Each ``--extra-test``: its name and the digest of its source (what its translations depend on)."""
+    return [{"name": name, "source_sha1": file_digest(src)} for name, src, _ in args.extra_test]
+
+
+def system_config(args, flags: List[str]) -> dict:
+    """The options a system's checkpoint and translations depend on (its data's included)."""
+    return json.loads(json.dumps({
+        "flags": list(flags), "arch": args.arch, "train_flags": args.train_flags, "max_update": args.max_update,
+        "max_tokens": args.max_tokens, "lr": args.lr, "warmup": args.warmup, "seed": args.seed, "beam": args.beam,
+        "lenpen": args.lenpen, "data": data_config(args)}))
+
+
+def _read_json(path: str) -> Optional[dict]:
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"--workdir: {path} is unreadable ({e}); remove it, or choose another --workdir") from None
+
+
+def _differences(have: dict, want: dict) -> List[str]:
+    out = []
+    for key in sorted(set(have) | set(want)):
+        if have.get(key) != want.get(key):
+            flag = "flags" if key == "flags" else "--" + key.replace("_", "-")
+            out.append(f"{flag} {have.get(key)!r} there, {want.get(key)!r} now")
+    return out
+
+
+def check_workdir(args, systems: Sequence[Tuple[str, List[str]]]) -> dict:
+    """Refuse a folder the quickstart did not make, and (without ``--force``) a work dir whose data
+    or systems were made with other options: reusing them would mix settings, rebuilding would
+    replace results.  Returns the record to write into ``WORK/quickstart.json``."""
+    work = args.workdir
+    want = json.loads(json.dumps({"data": data_config(args), "extra_tests": extra_config(args)}))
+    if os.path.exists(work) and not os.path.isdir(work):
+        raise UserError(f"--workdir {work} is a file, not a folder")
+    have = _read_json(os.path.join(work, WORK_MARKER))
+    entries = set(os.listdir(work)) if os.path.isdir(work) else set()
+    if have is None and entries:
+        earlier = os.path.isfile(os.path.join(work, "data-bin", "preprocess.done")) and entries <= set(WORK_ENTRIES)
+        if not earlier:
+            raise UserError(f"--workdir {work} exists, holds other files ({', '.join(sorted(entries)[:4])}) and was "
+                            f"not made by fairseq-pe-quickstart (no {WORK_MARKER}): choose a new or empty --workdir")
+        log(f"{work}: a work dir of an earlier version (its options were not recorded); reusing it")
+    problems, rebuild = [], set()
+    if have is not None:
+        data = _differences(have.get("data", {}), want["data"])
+        if data:
+            problems += data
+            rebuild |= {"raw", "spm", "data-bin", "extra"}
+        old, new = have.get("extra_tests", []), want["extra_tests"]
+        if new[:len(old)] != old:  # more test sets are fine; changed ones would keep stale translations
+            problems.append(f"--extra-test {[e['name'] for e in old]} there, {[e['name'] for e in new]} now, or a "
+                            "source file changed (test sets can be added at the end; changing or removing one "
+                            "would leave translations of the old one)")
+            rebuild |= {"data-bin", "extra"}
+    for name, flags in systems:
+        folder = os.path.join(work, "systems", name)
+        record = _read_json(os.path.join(folder, "system.json"))
+        results = os.path.isdir(folder) and any(f == "train.done" or f.startswith("generate-")
+                                                 for f in os.listdir(folder))
+        if record is not None and results:
+            have_cfg, want_cfg = dict(record.get("config", {})), system_config(args, flags)
+            if have_cfg.pop("data", None) != want_cfg.pop("data"):
+                problems.append(f"system {name}: trained on other data")
+            problems += [f"system {name}: {d}" for d in _differences(have_cfg, want_cfg)]
+    if problems and not args.force:
+        raise UserError(f"--workdir {work} holds results made with other options ({'; '.join(problems)}): pass "
+                        "--force to rebuild and retrain, or choose another --workdir")
+    for entry in sorted(rebuild):  # --force: the quickstart's own folders, rebuilt below
+        shutil.rmtree(os.path.join(work, entry), ignore_errors=True)
+    return want
+
+
+def check_inputs_outside_outputs(args, extra_names: Sequence[str]):
+    """No input (``--data``, ``--extra-test``, ``--spm-model``) is a file the quickstart writes."""
+    from fairseq_pe.outputs import check_not_inputs
+
+    work = args.workdir
+    langs = (args.source_lang, args.target_lang)
+    written = [os.path.join(work, "spm", f"{p}.{lang}") for p in ["train", "valid", "test", *extra_names]
+               for lang in langs]
+    written += [os.path.join(work, f"results{ext}") for ext in (".txt", ".json", ".png")]
+    if not args.data:
+        written += [os.path.join(work, "raw", f"{p}.{lang}") for p in ("train", "valid", "test") for lang in langs]
+    inputs = [("--extra-test", p) for _, src, ref in args.extra_test for p in (src, ref)]
+    if args.data:
+        inputs += [("--data", os.path.join(args.data, f"{split}.{lang}")) for split in ("train", "valid", "test")
+                   for lang in langs]
+        if os.path.isdir(work) and same_file(args.data, work):
+            raise UserError(f"--data {args.data} is the --workdir: choose another --workdir")
+    check_not_inputs(written, inputs, flag="--workdir")
+
+
+# ---------------------------------------------------------------------------------------------
+# training and decoding
+
+
+def source_positions(ckpt: str, data_bin: str) -> Optional[int]:
+    """How many source tokens (``</s>`` included) the checkpoint's model takes; None: any number
+    (fairseq-generate's own check, ``utils.resolve_max_positions``, with the task unlimited)."""
+    from fairseq import checkpoint_utils
+
+    import fairseq_pe  # noqa: F401  (registers the models)
+
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task([ckpt], arg_overrides={"data": data_bin})
+    limit = models[0].max_positions()
+    if isinstance(limit, (tuple, list)):
+        limit = limit[0]
+    return None if limit is None or limit >= GENERATE_MAX_POSITIONS else int(limit)
+
+
+def source_sizes(args, data_bin: str, subsets: Sequence[str]) -> Dict[str, List[int]]:
+    """Tokens of each test source as fairseq-generate sees them (``</s>`` included), per subset."""
+    from fairseq.data import Dictionary, data_utils
+
+    quiet = logging.getLogger(data_utils.__name__)
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        d = Dictionary.load(os.path.join(data_bin, f"dict.{args.source_lang}.txt"))
+        out = {}
+        for subset in subsets:
+            prefix = os.path.join(data_bin, f"{subset}.{args.source_lang}-{args.target_lang}.{args.source_lang}")
+            dataset = data_utils.load_indexed_dataset(prefix, d)  # kept alive: .sizes lives in its mmap
+            out[subset] = [int(n) for n in dataset.sizes]
+            del dataset
+    finally:
+        quiet.setLevel(level)
+    return out
+
+
+class SystemRun:
+    """What one system produced: per test subset, the fairseq-generate output (None when no
+    sentence of it could be translated), the sentence ids that were not translated and why, and
+    the subsets whose decoding failed (why)."""
+
+    def __init__(self):
+        self.outputs: Dict[str, Optional[str]] = {}
+        self.skipped: Dict[str, List[int]] = {}
+        self.reasons: Dict[str, str] = {}
+        self.errors: Dict[str, str] = {}
+
+
+def too_long_reason(what: str, sizes: Sequence[int], skipped: Sequence[int], limit: int) -> str:
+    longest = max(skipped, key=lambda i: sizes[i])
+    return (f"{len(skipped)} of {len(sizes)} {what} sources are longer than the {limit} source positions of "
+            f"the model (--max-source-positions; the longest, sentence {longest}, has {sizes[longest]} tokens "
+            "with </s>): not translated, so not scored")
+
+
+def train_and_decode(args, data_bin: str, name: str, flags: List[str], tests: Dict[str, int],
+                     sizes: Dict[str, List[int]], what: Dict[str, str]) -> SystemRun:
+    """fairseq-train (unless trained already) then fairseq-generate on every test subset not decoded yet.
+
+    Each subset is translated from its sources alone (``data-bin/source-only``); sources longer
+    than the model's positions are skipped and named, never silently.  A failed decoding marks its
+    subset (``SystemRun.errors``) and the other subsets go on; a failed training raises."""
     out = os.path.join(args.workdir, "systems", name)
     os.makedirs(out, exist_ok=True)
     # unbuffered: fairseq logs to stdout, which a pipe would otherwise hold back until the end
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
                PYTHONUNBUFFERED="1")
     ckpt = os.path.join(out, "checkpoint_last.pt")
+    record_path = os.path.join(out, "system.json")
+    record = _read_json(record_path) or {}
     gen_outs = {subset: os.path.join(out, f"generate-{subset}.txt") for subset in tests}
-    if all(os.path.exists(p) for p in gen_outs.values()) and not args.force:
-        log(f"{name}: reusing {', '.join(gen_outs.values())}")
-        return gen_outs
-    if not (os.path.exists(ckpt) and os.path.exists(os.path.join(out, "train.done")) and not args.force):
+    trained = not args.force and os.path.exists(ckpt) and os.path.exists(os.path.join(out, "train.done"))
+
+    def too_long(limit) -> Dict[str, List[int]]:
+        if limit is None:
+            return {subset: [] for subset in tests}
+        return {subset: [i for i, n in enumerate(sizes[subset]) if n > limit] for subset in tests}
+
+    def remember_limit():
+        record["source_positions"] = source_positions(ckpt, data_bin)
+        write_json(record_path, record)
+
+    if trained and "source_positions" not in record:  # a work dir of an earlier version: adopted as it is
+        record.setdefault("config", system_config(args, flags))
+        remember_limit()
+    limit = record.get("source_positions")  # unknown (no checkpoint kept): the outputs have every sentence
+    skipped = too_long(limit)
+    todo = [subset for subset in tests
+            if args.force or not (os.path.exists(gen_outs[subset]) or len(skipped[subset]) == tests[subset])]
+    if todo and not trained:
         # start from scratch: fairseq-train would otherwise resume from a stale checkpoint_last.pt
         shutil.rmtree(out)
         os.makedirs(out)
+        record = {"config": system_config(args, flags)}
+        write_json(record_path, record)
         last_report = [0.0]
 
         def progress(line):
@@ -246,25 +531,47 @@ def train_and_decode(args, data_bin: str, name: str, flags: List[str], tests: Di
              "--log-format", "simple", "--log-interval", str(min(50, max(1, args.max_update // 10))), "--seed", str(args.seed), "--cpu",
              "--num-workers", "0"],
             os.path.join(out, "train.log"), env=env, on_line=progress)
-        with open(os.path.join(out, "train.done"), "w") as f:
-            f.write(f"{time.time() - t0:.1f}\n")
+        write_text(os.path.join(out, "train.done"), f"{time.time() - t0:.1f}\n")
         log(f"{name}: trained in {time.time() - t0:.0f}s")
+        remember_limit()
+        limit = record["source_positions"]
+        skipped = too_long(limit)
+        todo = list(tests)
+    result = SystemRun()
     for subset, n in tests.items():
-        if os.path.exists(gen_outs[subset]) and not args.force:
+        result.skipped[subset] = skipped[subset]
+        if skipped[subset]:
+            result.reasons[subset] = too_long_reason(what[subset], sizes[subset], skipped[subset], limit)
+        result.outputs[subset] = gen_outs[subset] if len(skipped[subset]) < n else None
+    for subset in todo:
+        n = tests[subset]
+        if len(skipped[subset]) == n:
+            log(f"{name}: {subset}: {result.reasons[subset]}")
             continue
-        log(f"{name}: decoding {n} sentences of subset {subset}")
+        if skipped[subset]:
+            log(f"{name}: {subset}: {result.reasons[subset]}")
+        log(f"{name}: decoding {n - len(skipped[subset])} sentences of subset {subset}")
         t0 = time.time()
-        gen_cmd = ["fairseq-generate", data_bin, "--user-dir", PLUGIN_DIR, "--task", "translation",
-                   "--source-lang", args.source_lang, "--target-lang", args.target_lang,
+        gen_cmd = ["fairseq-generate", os.path.join(data_bin, "source-only"), "--user-dir", PLUGIN_DIR,
+                   "--task", "translation", "--source-lang", args.source_lang, "--target-lang", args.target_lang,
                    "--path", ckpt, "--gen-subset", subset, "--beam", str(args.beam), "--lenpen", str(args.lenpen),
                    "--batch-size", str(args.gen_batch_size), "--required-batch-size-multiple", "1",
-                   "--max-len-a", "1.5", "--max-len-b", "10", "--cpu", "--num-workers", "0"]
+                   "--max-len-a", "1.5", "--max-len-b", "10", "--cpu", "--num-workers", "0",
+                   "--max-source-positions", str(GENERATE_MAX_POSITIONS),
+                   "--max-target-positions", str(GENERATE_MAX_POSITIONS)]
+        if skipped[subset]:  # exactly these: read_generate_output checks that the others are all there
+            gen_cmd.append("--skip-invalid-size-inputs-valid-test")
         if args.data:
             gen_cmd += ["--post-process", "sentencepiece"]
-        run(gen_cmd, gen_outs[subset] + ".log", env=env)
+        try:
+            run(gen_cmd, gen_outs[subset] + ".log", env=env)
+        except RuntimeError as e:
+            result.errors[subset] = f"decoding failed (fairseq-generate; its log: {gen_outs[subset]}.log)"
+            log(f"{name}: decoding {subset} FAILED; the other test sets go on\n{e}")
+            continue
         shutil.move(gen_outs[subset] + ".log", gen_outs[subset])
         log(f"{name}: decoded {subset} in {time.time() - t0:.0f}s")
-    return gen_outs
+    return result
 
 
 def test_lengths(args, sources: Sequence[str]) -> List[int]:
@@ -279,17 +586,35 @@ def test_lengths(args, sources: Sequence[str]) -> List[int]:
     return source_lengths(sources, "subword", sp)
 
 
-def score(args, raw: str, gen_outs: Dict[str, str]) -> Dict[str, dict]:
+def subset_scores(run: SystemRun, subset: str, refs: Sequence[str], lengths: Sequence[int], buckets,
+                  failures: List[str], name: str, column: str) -> Dict[str, dict]:
+    """The scores of one test subset; those that need a sentence that was not translated, or all of
+    them when the decoding failed, are :func:`~fairseq_pe.bleu.unavailable` with the reason."""
+    n = len(refs)
+    reason = run.errors.get(subset) or run.reasons.get(subset)
+    hyps: List[Optional[str]] = [None] * n
+    if subset in run.errors:
+        failures.append(f"{name}/{column}: {run.errors[subset]}")
+    elif run.outputs.get(subset):
+        try:
+            hyps = [s.hypothesis for s in read_generate_output(run.outputs[subset], expected=n,
+                                                               not_translated=run.skipped.get(subset, ()))]
+        except (GenerateOutputError, OSError) as e:
+            reason = f"the translations cannot be read: {e}"
+            failures.append(f"{name}/{column}: {reason}")
+    return bucketed_bleu(hyps, refs, lengths, buckets, missing_reason=reason)
+
+
+def score(args, raw: str, run: SystemRun, name: str = "", failures: Optional[List[str]] = None) -> Dict[str, dict]:
     """Bucketed sacreBLEU on the main test set plus one overall score per ``--extra-test``."""
+    failures = [] if failures is None else failures
     sources = read_lines(os.path.join(raw, f"test.{args.source_lang}"))
     refs = read_lines(os.path.join(raw, f"test.{args.target_lang}"))
-    sentences = read_generate_output(gen_outs["test"], expected=len(sources))
-    result = bucketed_bleu([s.hypothesis for s in sentences], refs, test_lengths(args, sources), args.buckets)
-    for i, (name, _, ref) in enumerate(args.extra_test, start=1):
+    result = subset_scores(run, "test", refs, test_lengths(args, sources), args.buckets, failures, name, "test")
+    for i, (extra, _, ref) in enumerate(args.extra_test, start=1):
         refs = read_lines(ref)
-        sentences = read_generate_output(gen_outs[f"test{i}"], expected=len(refs))
-        extra = bucketed_bleu([s.hypothesis for s in sentences], refs, [0] * len(refs), [(0, None)])
-        result[name] = extra["all"]
+        result[extra] = subset_scores(run, f"test{i}", refs, [0] * len(refs), [(0, None)], failures, name,
+                                      extra)["all"]
     return result
 
 
@@ -328,11 +653,14 @@ def get_parser():
     p.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)),
                    help="systems trained at the same time")
     p.add_argument("--threads", type=int, default=1, help="torch threads per job")
-    p.add_argument("--force", action="store_true", help="retrain systems that have results already")
+    p.add_argument("--force", action="store_true",
+                   help="retrain and decode again every system that has results already (and rebuild the work "
+                        "dir's data when its options changed)")
     p.add_argument("--progress-seconds", type=float, default=20.0)
     return p
 
 
+@cli
 def main(argv: Optional[List[str]] = None) -> None:
     run_quickstart(get_parser().parse_args(argv))
 
@@ -343,16 +671,30 @@ def run_quickstart(args) -> Dict[str, Dict[str, dict]]:
         args.buckets = parse_buckets("1,20,40,60,80+" if args.data else "1,17,25,33,49")
     systems = [parse_system(s) for s in args.systems]
     if len({n for n, _ in systems}) != len(systems):
-        raise SystemExit("--systems: names must be unique")
+        raise UserError("--systems: names must be unique")
+    for name, _ in systems:
+        if not name or "/" in name or name.startswith("."):
+            raise UserError(f"--systems: {name!r} cannot be a folder name")
     if args.length_unit == "subword" and not args.data:
-        raise SystemExit("--length-unit subword needs --data (the synthetic task has no sentencepiece model)")
+        raise UserError("--length-unit subword needs --data (the synthetic task has no sentencepiece model)")
     if args.spm_model and not args.data:
-        raise SystemExit("--spm-model needs --data (the synthetic task is not segmented)")
+        raise UserError("--spm-model needs --data (the synthetic task is not segmented)")
     extra_names = [name for name, _, _ in args.extra_test]
     bucket_names = {bucket_label(b) for b in args.buckets} | {"all", "signature"}
     if len(set(extra_names)) != len(extra_names) or bucket_names & set(extra_names):
-        raise SystemExit(f"--extra-test: names must be unique and differ from {sorted(bucket_names)}")
+        raise UserError(f"--extra-test: names must be unique and differ from {sorted(bucket_names)}")
+    for name in extra_names:
+        if "/" in name or name.startswith("."):
+            raise UserError(f"--extra-test {name}: the name cannot be a file name")
+    if args.data:
+        check_data(args)
+    check_extra_tests(args)
+    check_inputs_outside_outputs(args, extra_names)
+    record = check_workdir(args, systems)
     os.makedirs(args.workdir, exist_ok=True)
+    write_json(os.path.join(args.workdir, WORK_MARKER), record)
+    for quiet in ("fairseq", "matplotlib", "PIL"):  # importing fairseq (positions of the models) turns on DEBUG
+        logging.getLogger(quiet).setLevel(logging.WARNING)
     t0 = time.time()
     raw = prepare_corpus(args)
     extra = prepare_extra_tests(args)
@@ -360,10 +702,12 @@ def run_quickstart(args) -> Dict[str, Dict[str, dict]]:
     data_bin = binarize(args, text_dir, extra_text)
     tests = {"test": count_lines(os.path.join(raw, f"test.{args.source_lang}"))}
     tests.update({f"test{i}": count_lines(f"{p}.{args.source_lang}") for i, p in enumerate(extra, start=1)})
+    what = {"test": "test", **{f"test{i}": name for i, name in enumerate(extra_names, start=1)}}
+    sizes = source_sizes(args, data_bin, list(tests))
     log(f"{len(systems)} systems, {args.jobs} at a time, {args.max_update} updates each")
     outputs, failures = {}, {}
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {pool.submit(train_and_decode, args, data_bin, name, flags, tests): name
+        futures = {pool.submit(train_and_decode, args, data_bin, name, flags, tests, sizes, what): name
                    for name, flags in systems}
         for future in as_completed(futures):
             name = futures[future]
@@ -372,7 +716,8 @@ def run_quickstart(args) -> Dict[str, Dict[str, dict]]:
             except Exception as e:  # report at once, finish the others, fail at the end
                 failures[name] = str(e)
                 log(f"{name}: FAILED\n{e}")
-    results = {name: score(args, raw, outputs[name]) for name, _ in systems if name in outputs}
+    column_failures: List[str] = []
+    results = {name: score(args, raw, outputs[name], name, column_failures) for name, _ in systems if name in outputs}
     if not results:
         raise SystemExit(f"every system failed: {', '.join(failures)} (logs in {os.path.join(args.workdir, 'systems')})")
     title = (f"sacreBLEU per source-length bucket ({'synthetic task, trained on 1-16 words' if not args.data else args.data}; "
@@ -388,9 +733,14 @@ def run_quickstart(args) -> Dict[str, Dict[str, dict]]:
                   "BLEU by source length", extras=extra_names, xlabel=f"source length ({unit})")
     print("\n" + table + "\n\n" + ratios)
     log(f"done in {time.time() - t0:.0f}s; results.txt, results.json and results.png in {args.workdir}")
+    problems = []
     if failures:
-        raise SystemExit(f"{len(failures)} system(s) failed and are missing from the table: "
-                         f"{', '.join(failures)} (logs in {os.path.join(args.workdir, 'systems')})")
+        problems.append(f"{len(failures)} system(s) failed and are missing from the table: {', '.join(failures)}")
+    if column_failures:
+        problems.append(f"{len(column_failures)} column(s) could not be computed and are marked n/a: "
+                        + "; ".join(column_failures))
+    if problems:
+        raise SystemExit(" ".join(problems) + f" (logs in {os.path.join(args.workdir, 'systems')})")
     return results
 
 

@@ -23,11 +23,14 @@ counts whitespace-separated words instead.
 A split that leaves a test bin empty is refused (``--allow-empty-bins`` to accept it).  Pairs
 held back for valid/test-short are removed from training together with every other training
 pair that has the same source sentence, and the count is printed.
+
+The files of an earlier split in ``--out`` are replaced only with ``--force``; ``--out`` can never
+be or hold an input (a ``--corpus`` file, a ``--corpus-dir``).  Every file is written atomically
+and ``stats.json`` last: it says the split is complete.
 """
 
 import argparse
 import glob
-import json
 import os
 import random
 import shutil
@@ -38,6 +41,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from fairseq_pe.bleu import Bucket, assign_bucket, bucket_label, parse_buckets
+from fairseq_pe.errors import UserError, cli
+from fairseq_pe.outputs import atomic_open, atomic_path, check_new_files, check_not_inputs, same_file, write_json
 
 
 def log(msg: str):
@@ -49,6 +54,14 @@ def read_lines(path: str) -> List[str]:
         return [line.rstrip("\n") for line in f]
 
 
+def read_input(path: str, flag: str) -> List[str]:
+    """``read_lines`` of a user's file: a non-UTF-8 file is a :class:`UserError` naming the option."""
+    try:
+        return read_lines(path)
+    except UnicodeDecodeError as e:
+        raise UserError(f"{flag}: {path} is not UTF-8 text ({e})") from None
+
+
 @dataclass
 class Corpus:
     name: str
@@ -56,28 +69,35 @@ class Corpus:
     tgt: List[str]
 
 
-def load_corpora(prefixes: Sequence[str], dirs: Sequence[str], src: str, tgt: str) -> List[Corpus]:
-    """Every parallel corpus named by ``--corpus`` or found under ``--corpus-dir``; refuses misaligned files."""
+def corpus_prefixes(prefixes: Sequence[str], dirs: Sequence[str], src: str, tgt: str) -> List[str]:
+    """The prefix of every corpus named by ``--corpus`` or found under ``--corpus-dir`` (both files there)."""
     found = list(prefixes)
     for d in dirs:
         if not os.path.isdir(d):
-            raise SystemExit(f"--corpus-dir {d}: not a directory")
+            raise UserError(f"--corpus-dir {d}: not a directory")
         hits = sorted(p[: -len(src) - 1] for p in glob.glob(os.path.join(d, "**", f"*.{src}"), recursive=True))
         hits = [p for p in hits if os.path.isfile(f"{p}.{tgt}")]
         if not hits:
-            raise SystemExit(f"--corpus-dir {d}: no *.{src} file with a matching *.{tgt} file under it")
+            raise UserError(f"--corpus-dir {d}: no *.{src} file with a matching *.{tgt} file under it")
         found += hits
     if not found:
-        raise SystemExit("give at least one --corpus PREFIX or --corpus-dir DIR")
+        raise UserError("give at least one --corpus PREFIX or --corpus-dir DIR")
+    for prefix in found:
+        for p in (f"{prefix}.{src}", f"{prefix}.{tgt}"):
+            if not os.path.isfile(p):
+                raise UserError(f"--corpus {prefix}: missing {p}")
+    return found
+
+
+def load_corpora(prefixes: Sequence[str], dirs: Sequence[str], src: str, tgt: str) -> List[Corpus]:
+    """Every parallel corpus named by ``--corpus`` or found under ``--corpus-dir``; refuses misaligned files."""
+    found = corpus_prefixes(prefixes, dirs, src, tgt)
     corpora = []
     for prefix in found:
         paths = [f"{prefix}.{src}", f"{prefix}.{tgt}"]
-        for p in paths:
-            if not os.path.isfile(p):
-                raise SystemExit(f"--corpus {prefix}: missing {p}")
-        s, t = read_lines(paths[0]), read_lines(paths[1])
+        s, t = read_input(paths[0], "--corpus"), read_input(paths[1], "--corpus")
         if len(s) != len(t):
-            raise SystemExit(f"--corpus {prefix}: {paths[0]} has {len(s)} lines but {paths[1]} has {len(t)}")
+            raise UserError(f"--corpus {prefix}: {paths[0]} has {len(s)} lines but {paths[1]} has {len(t)}")
         corpora.append(Corpus(os.path.relpath(prefix, dirs[0]) if dirs and prefix.startswith(dirs[0]) else prefix, s, t))
     return corpora
 
@@ -169,21 +189,30 @@ def s2l_split(
 
 def write_part(out: str, name: str, idx: Sequence[int], src: Sequence[str], tgt: Sequence[str], sl: str, tl: str):
     for lang, lines in ((sl, src), (tl, tgt)):
-        with open(os.path.join(out, f"{name}.{lang}"), "w", encoding="utf-8") as f:
+        with atomic_open(os.path.join(out, f"{name}.{lang}"), newline="\n") as f:
             for i in idx:
                 f.write(lines[i] + "\n")
 
 
 def train_spm(texts_paths: Sequence[str], prefix: str, vocab_size: int):
+    """``PREFIX.model`` and ``PREFIX.vocab``, trained under a temporary prefix and renamed when complete."""
     import sentencepiece as spm
 
+    part = prefix + ".part"
     try:
         spm.SentencePieceTrainer.train(
-            input=list(texts_paths), model_prefix=prefix, vocab_size=vocab_size, character_coverage=1.0,
+            input=list(texts_paths), model_prefix=part, vocab_size=vocab_size, character_coverage=1.0,
             model_type="unigram", input_sentence_size=10_000_000, shuffle_input_sentence=True, minloglevel=2,
         )
-    except RuntimeError as e:
-        raise SystemExit(f"sentencepiece failed ({e}); try a smaller --spm-vocab-size than {vocab_size}")
+    except BaseException as e:
+        for ext in (".model", ".vocab"):
+            if os.path.exists(part + ext):
+                os.remove(part + ext)
+        if isinstance(e, RuntimeError):
+            raise UserError(f"--spm-vocab-size {vocab_size}: sentencepiece failed ({e}); try a smaller size") from None
+        raise
+    os.replace(part + ".vocab", prefix + ".vocab")
+    os.replace(part + ".model", prefix + ".model")
 
 
 def binarize(out: str, parts: Sequence[str], sl: str, tl: str, sp, workers: int):
@@ -193,10 +222,11 @@ def binarize(out: str, parts: Sequence[str], sl: str, tl: str, sp, workers: int)
     for part in parts:
         for lang in (sl, tl):
             lines = read_lines(os.path.join(out, f"{part}.{lang}"))
-            with open(os.path.join(enc, f"{part}.{lang}"), "w", encoding="utf-8") as f:
+            with atomic_open(os.path.join(enc, f"{part}.{lang}"), newline="\n") as f:
                 for pieces in sp.encode(lines, out_type=str):
                     f.write(" ".join(pieces) + "\n")
-    dest = os.path.join(out, "data-bin")
+    final = os.path.join(out, "data-bin")
+    dest = os.path.join(out, ".data-bin.part")  # renamed to data-bin when fairseq-preprocess is done
     shutil.rmtree(dest, ignore_errors=True)
     tests = [p for p in parts if p.startswith("test")]
     cmd = [os.path.join(os.path.dirname(sys.executable), "fairseq-preprocess"), "--source-lang", sl,
@@ -211,8 +241,11 @@ def binarize(out: str, parts: Sequence[str], sl: str, tl: str, sp, workers: int)
         code = subprocess.call(cmd, stdout=logf, stderr=subprocess.STDOUT)
     if code != 0:
         tail = "".join(open(log_path).readlines()[-20:])
+        shutil.rmtree(dest, ignore_errors=True)
         raise SystemExit(f"fairseq-preprocess failed ({code}); {log_path}:\n{tail}")
-    return dest, {p: ("test" if i == 0 else f"test{i}") for i, p in enumerate(tests)}
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(dest, final)
+    return final, {p: ("test" if i == 0 else f"test{i}") for i, p in enumerate(tests)}
 
 
 def get_parser():
@@ -241,6 +274,7 @@ def get_parser():
     p.add_argument("--binarize", action="store_true", help="also sentencepiece-encode and run fairseq-preprocess")
     p.add_argument("--workers", type=int, default=1, help="fairseq-preprocess workers")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--force", action="store_true", help="replace the files of an earlier split in --out")
     return p
 
 
@@ -256,14 +290,55 @@ def format_stats(stats: Dict, corpora_stats: List[Dict], unit: str) -> str:
     return "\n".join(lines)
 
 
+def _inside(path: str, folder: str) -> bool:
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def check_outputs(args):
+    """Before anything is read or written: ``--out`` holds no input and is not inside a
+    ``--corpus-dir`` (a later run would read the split as a corpus), and its files of an earlier
+    split are replaced only with ``--force``."""
+    sl, tl = args.source_lang, args.target_lang
+    for d in args.corpus_dir:
+        if _inside(args.out, d):
+            raise UserError(f"--out {args.out} is inside --corpus-dir {d}: the split would be read as a corpus by "
+                            "the next run; choose another --out")
+    prefixes = corpus_prefixes(args.corpus, args.corpus_dir, sl, tl)
+    inputs = [("--corpus", f"{p}.{lang}") for p in prefixes for lang in (sl, tl)]
+    parts = ["train", "valid", "test"] + (["test-short"] if args.short_test_size else [])
+    outputs = [os.path.join(args.out, f"{part}.{lang}") for part in parts for lang in (sl, tl)]
+    outputs += [os.path.join(args.out, name) for name in ("test.lengths", "stats.json")]
+    spm_out = os.path.join(args.out, "spm.model")
+    if args.unit == "subword" or args.binarize:
+        if not (args.spm_model and os.path.exists(spm_out) and same_file(args.spm_model, spm_out)):
+            outputs += [spm_out, os.path.join(args.out, "spm.vocab")]
+        if args.spm_model:
+            inputs.append(("--spm-model", args.spm_model))
+    if args.binarize:
+        outputs += [os.path.join(args.out, "data-bin")]
+    check_not_inputs(outputs, inputs, flag="--out")
+    for label, path in inputs:
+        for folder in ("spm", "data-bin"):
+            if args.binarize and _inside(path, os.path.join(args.out, folder)):
+                raise UserError(f"--out {args.out}: {args.out}/{folder} would be rewritten, and it holds the input "
+                                f"{label} {path}; choose another --out")
+    check_new_files(outputs, args.force, flag="--out", where=args.out)
+
+
+@cli
 def main(argv: Optional[List[str]] = None):
     args = get_parser().parse_args(argv)
     sl, tl = args.source_lang, args.target_lang
+    check_outputs(args)
     corpora = load_corpora(args.corpus, args.corpus_dir, sl, tl)
     src = [s for c in corpora for s in c.src]
     tgt = [t for c in corpora for t in c.tgt]
     log(f"{len(corpora)} corpora, {len(src)} pairs")
     os.makedirs(args.out, exist_ok=True)
+    stats_path = os.path.join(args.out, "stats.json")
+    if os.path.exists(stats_path):  # --force: until this run is complete, --out is no finished split
+        os.remove(stats_path)
     sp = None
     if args.unit == "subword" or args.binarize:
         import sentencepiece as spm
@@ -271,27 +346,35 @@ def main(argv: Optional[List[str]] = None):
         model = os.path.join(args.out, "spm.model")
         if args.spm_model:
             if not os.path.isfile(args.spm_model):
-                raise SystemExit(f"--spm-model {args.spm_model}: no such file")
-            if os.path.abspath(args.spm_model) != os.path.abspath(model):
-                shutil.copy(args.spm_model, model)
-                vocab = args.spm_model[: -len(".model")] + ".vocab" if args.spm_model.endswith(".model") else None
-                if vocab and os.path.isfile(vocab):
-                    shutil.copy(vocab, os.path.join(args.out, "spm.vocab"))
+                raise UserError(f"--spm-model {args.spm_model}: no such file")
+            if not (os.path.exists(model) and same_file(args.spm_model, model)):
+                for source, dest in ((args.spm_model, model),
+                                     (args.spm_model[: -len(".model")] + ".vocab" if args.spm_model.endswith(".model")
+                                      else None, os.path.join(args.out, "spm.vocab"))):
+                    if source and os.path.isfile(source):
+                        with atomic_path(dest) as tmp:
+                            shutil.copyfile(source, tmp)
         else:
             text = os.path.join(args.out, "spm-input.txt")
-            with open(text, "w", encoding="utf-8") as f:
-                for line in src + tgt:
-                    f.write(line + "\n")
-            log(f"training a joint sentencepiece model of {args.spm_vocab_size} pieces on all {2 * len(src)} lines")
-            train_spm([text], os.path.join(args.out, "spm"), args.spm_vocab_size)
-            os.remove(text)
-        sp = spm.SentencePieceProcessor(model_file=model)
+            try:
+                with open(text, "w", encoding="utf-8") as f:
+                    for line in src + tgt:
+                        f.write(line + "\n")
+                log(f"training a joint sentencepiece model of {args.spm_vocab_size} pieces on all {2 * len(src)} lines")
+                train_spm([text], os.path.join(args.out, "spm"), args.spm_vocab_size)
+            finally:
+                if os.path.exists(text):
+                    os.remove(text)
+        try:
+            sp = spm.SentencePieceProcessor(model_file=model)
+        except (OSError, RuntimeError) as e:
+            raise UserError(f"--spm-model {args.spm_model or model}: not a sentencepiece model ({e})") from None
     lengths = source_lengths(src, args.unit, sp)
     try:
         split = s2l_split(src, lengths, args.threshold, args.bins, args.valid_size, args.short_test_size,
                           args.seed, args.allow_empty_bins, skip_empty=not args.keep_empty_sources)
-    except ValueError as e:
-        raise SystemExit(f"fairseq-pe-s2l-split: {e}")
+    except ValueError as e:  # the options do not fit the data: the message names them
+        raise UserError(str(e)) from None
     start, corpora_stats = 0, []
     for c in corpora:
         n = len(c.src)
@@ -303,7 +386,7 @@ def main(argv: Optional[List[str]] = None):
         parts["test-short"] = split.test_short
     for name, idx in parts.items():
         write_part(args.out, name, idx, src, tgt, sl, tl)
-    with open(os.path.join(args.out, "test.lengths"), "w") as f:
+    with atomic_open(os.path.join(args.out, "test.lengths"), newline="\n") as f:
         for i in split.test:
             f.write(f"{lengths[i]}\n")
     stats = dict(split.stats, unit=args.unit, spm_model=os.path.join(args.out, "spm.model") if sp else None,
@@ -312,8 +395,7 @@ def main(argv: Optional[List[str]] = None):
         dest, subsets = binarize(args.out, list(parts), sl, tl, sp, args.workers)
         stats["data_bin"], stats["test_subsets"] = dest, subsets
         log(f"binarised into {dest} (fairseq subsets: {subsets})")
-    with open(os.path.join(args.out, "stats.json"), "w") as f:
-        json.dump(stats, f, indent=2)
+    write_json(stats_path, stats, indent=2)
     print(format_stats(split.stats, corpora_stats, args.unit))
     log(f"wrote {', '.join(parts)} (.{sl}/.{tl}), test.lengths and stats.json to {args.out}")
 

@@ -30,7 +30,9 @@ predicts a non-null answer when ŝ_ij > s_null + τ: τ is minus this threshold,
 fine-tuned checkpoint on every feature of the split and writes ``PREFIX.predictions.json`` (question
 id -> answer, the official scripts' prediction format), ``PREFIX.nbest.json``,
 ``PREFIX.null_odds.json`` (v2.0: s_null - best span score, the official v2.0 script's
-``--na-prob-file``) and ``PREFIX.scores.json``, and prints EM / F1.
+``--na-prob-file``) and ``PREFIX.scores.json`` (last: it says the run is complete), each written
+atomically, and prints EM / F1.  The files of an earlier run are replaced only with ``--force``,
+and never an input.
 """
 
 import argparse
@@ -45,6 +47,12 @@ from collections import Counter, OrderedDict, defaultdict
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from fairseq_pe.errors import UserError, cli
+from fairseq_pe.outputs import check_new_files, write_json
+
+#: the files of ``--out PREFIX`` (null_odds for SQuAD 2.0 only), in the order they are written
+OUTPUT_NAMES = ("predictions", "nbest", "null_odds", "scores")
 
 # ---------------------------------------------------------------------------------------------
 # official scoring
@@ -306,6 +314,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32, help="features per batch")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even with a GPU")
     p.add_argument("--fp16", action="store_true", help="half precision on the GPU")
+    p.add_argument("--force", action="store_true", help="replace the --out files of an earlier run")
     args = p.parse_args(argv)
     for flag in ("max_answer_length", "n_best", "batch_size"):
         if getattr(args, flag) < 1:
@@ -354,7 +363,9 @@ def run_model(model, task, split: str, batch_size: int, use_cuda: bool) -> List[
     return out
 
 
+@cli
 def main(argv: Optional[List[str]] = None) -> int:
+    """Errors in what was given end as ``fairseq-pe-squad-predict: error: ...``, status 2."""
     args = parse_args(argv)
     import torch
     from fairseq import checkpoint_utils, utils as fairseq_utils
@@ -362,9 +373,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .data_prep.squad import detect_version, load_squad
     from .tasks.span_prediction import SpanPredictionTask
 
+    inputs = [("--path", args.path), ("--json", args.json)]
+    if os.path.isdir(args.data):
+        inputs += [("DATA", os.path.join(root, name)) for root, _, names in os.walk(args.data) for name in names]
+    check_new_files([f"{args.out}.{name}.json" for name in OUTPUT_NAMES], args.force, flag="--out", inputs=inputs,
+                    where=args.out)
     if args.user_dir:
+        if not os.path.isdir(args.user_dir):
+            raise UserError(f"--user-dir {args.user_dir}: no such folder")
         fairseq_utils.import_user_module(argparse.Namespace(user_dir=args.user_dir))
-    data = load_squad(args.json)
+    data = load_squad(args.json)  # SquadPrepError is a UserError naming the file
     version = detect_version(data)
     prep_path = os.path.join(args.data, "prepare.json")
     if os.path.isfile(prep_path):
@@ -376,23 +394,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         contexts = squad_contexts(data)
         check_features_match(features, contexts, args.json, meta_path)
     except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise UserError(f"--split {args.split}: {e}" if isinstance(e, FileNotFoundError) else str(e)) from None
 
     if version != "2.0" and args.null_score_diff_threshold is not None:
-        print(f"error: --null-score-diff-threshold applies to SQuAD 2.0 only; {args.data} is SQuAD {version}",
-              file=sys.stderr)
-        return 2
+        raise UserError(f"--null-score-diff-threshold applies to SQuAD 2.0 only; {args.data} is SQuAD {version}")
     threshold = 0.0 if args.null_score_diff_threshold is None else args.null_score_diff_threshold
     use_cuda = torch.cuda.is_available() and not args.cpu
     if args.fp16 and not use_cuda:
-        print("error: --fp16 needs a GPU (and no --cpu)", file=sys.stderr)
-        return 2
+        raise UserError("--fp16 needs a GPU (and no --cpu)")
     log(f"loading {args.path}")
-    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([args.path], arg_overrides={"data": args.data})
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(args.path, {"data": args.data})
+    except Exception as e:  # noqa: BLE001  (a truncated file, not a torch pickle, ...)
+        raise UserError(f"--path {args.path}: cannot be read as a fairseq checkpoint "
+                        f"({type(e).__name__}: {str(e)[:300]})") from None
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([args.path], arg_overrides={"data": args.data},
+                                                                       state=state)
     if not isinstance(task, SpanPredictionTask):
-        print(f"error: --path {args.path} was not trained with --task span_prediction", file=sys.stderr)
-        return 2
+        raise UserError(f"--path {args.path} was not trained with --task span_prediction")
     model = models[0].eval()
     if use_cuda:
         model = model.cuda()
@@ -400,9 +419,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             model = model.half()
     task.load_dataset(args.split)
     if len(task.dataset(args.split)) != len(features):
-        print(f"error: {meta_path} has {len(features)} lines but the split has {len(task.dataset(args.split))} "
-              f"features", file=sys.stderr)
-        return 2
+        raise UserError(f"{meta_path} has {len(features)} lines but the split has {len(task.dataset(args.split))} "
+                        "features: prepare DATA again")
     t0 = time.time()
     logits = run_model(model, task, args.split, args.batch_size, use_cuda)
     predictions, nbest, null_odds, counts = predict_answers(
@@ -417,14 +435,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if version == "2.0":
         report.update(null_score_diff_threshold=threshold,
                       predicted_no_answer=counts["predicted no answer"])
-    out_dir = os.path.dirname(os.path.abspath(args.out))
-    os.makedirs(out_dir, exist_ok=True)
-    outputs = {"predictions": predictions, "nbest": nbest, "scores": report}
-    if version == "2.0":
-        outputs["null_odds"] = null_odds
-    for name, obj in outputs.items():
-        with open(f"{args.out}.{name}.json", "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1, ensure_ascii=False)
+    outputs = {"predictions": predictions, "nbest": nbest, "null_odds": null_odds, "scores": report}
+    if version != "2.0":
+        del outputs["null_odds"]
+        if os.path.isfile(f"{args.out}.null_odds.json"):  # an earlier run's (2.0 data), replaced with --force
+            os.remove(f"{args.out}.null_odds.json")
+    for name, obj in outputs.items():  # scores last: its presence says the run is complete
+        write_json(f"{args.out}.{name}.json", obj, ensure_ascii=False)
     line = f"SQuAD v{version} {args.split}: EM {scores['exact_match']:.2f} F1 {scores['f1']:.2f} " \
            f"({counts['questions']} questions, {len(features)} features)"
     if version == "2.0":

@@ -19,6 +19,10 @@ or ``--encoder-learned-pos`` positions) or of ``transformer_pe`` (any encoding).
 * the optimizer state is dropped (the parameters changed); the training-iterator state and
   the ``--pe-floater-*`` options given here are kept.
 
+OUTPUT is never CHECKPOINT itself, and an existing OUTPUT is replaced only with ``--force``; it is
+written atomically (a temporary file in its folder, renamed when complete), so an interrupted run
+leaves no half checkpoint.
+
 Any ``--pe-floater-*`` option (``--pe-floater-dt``, ``--pe-floater-lr-scale``,
 ``--pe-floater-freeze-body`` ...) can be given and is stored in the checkpoint; the
 fine-tuning command line may override them.
@@ -27,7 +31,7 @@ fine-tuning command line may override them.
 import argparse
 import copy
 import logging
-import sys
+import os
 
 import torch
 
@@ -35,14 +39,50 @@ from fairseq import checkpoint_utils
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 import fairseq_pe  # noqa: F401  (registers transformer_pe)
+from fairseq_pe.errors import UserError, cli
 from fairseq_pe.models.transformer_pe import TransformerPEModel
+from fairseq_pe.outputs import check_new_file, save_torch
 from fairseq_pe.positional.floater import add_floater_args
 
 logger = logging.getLogger("fairseq_pe.warm_start")
 
 
-class WarmStartError(ValueError):
-    pass
+class WarmStartError(UserError):
+    """A checkpoint or option the conversion cannot take; the message says which."""
+
+
+def check_paths(args):
+    """Before any work: the input is there, the output is new (or ``--force``) and not the input."""
+    if not os.path.isfile(args.checkpoint):
+        raise WarmStartError(f"CHECKPOINT {args.checkpoint}: no such file")
+    check_new_file(args.output, getattr(args, "force", False), flag="OUTPUT",
+                   inputs=[("CHECKPOINT", args.checkpoint)])
+    if getattr(args, "data", None) and not os.path.isdir(args.data):
+        raise WarmStartError(f"--data {args.data}: no such folder")
+    if getattr(args, "user_dir", None) and not os.path.isdir(args.user_dir):
+        raise WarmStartError(f"--user-dir {args.user_dir}: no such folder")
+
+
+def read_checkpoint(path: str) -> dict:
+    """The checkpoint's state dict; an unreadable file is a :class:`WarmStartError` naming it."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)  # fairseq checkpoints pickle args
+    except Exception as e:  # noqa: BLE001  (a truncated file, not a torch pickle, ...)
+        raise WarmStartError(f"CHECKPOINT {path}: cannot be read as a fairseq checkpoint "
+                             f"({type(e).__name__}: {str(e)[:300]})") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise WarmStartError(f"CHECKPOINT {path}: not a fairseq checkpoint (no model weights)")
+    return state
+
+
+def load_original(path: str, data):
+    """fairseq's own loading of the checkpoint with its task (the dictionaries of ``--data``)."""
+    overrides = {"data": data} if data else None
+    try:
+        return checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides)
+    except FileNotFoundError as e:  # the data folder it was trained on is gone
+        raise WarmStartError(f"cannot set up the task of CHECKPOINT {path}: {e}; pass --data DIR, the folder "
+                             "with its dictionaries") from None
 
 
 def _model_args(state):
@@ -123,7 +163,7 @@ def save_converted(state: dict, model, new_args, path: str):
     else:
         out["args"] = new_args
     out.pop("last_optimizer_state", None)
-    torch.save(out, path)
+    save_torch(out, path)  # atomically: an interrupted write leaves no half checkpoint
 
 
 def max_output_difference(original, converted, dictionary, seed: int = 0) -> float:
@@ -157,6 +197,8 @@ def main(argv=None):
     p.add_argument("--tolerance", type=float, default=1e-4,
                    help="largest allowed log-probability difference between original and converted model")
     p.add_argument("--seed", type=int, default=1, help="seed of FLOATER's dynamics initialisation")
+    p.add_argument("--force", action="store_true", default=False,
+                   help="replace OUTPUT if it exists (it is never allowed to be CHECKPOINT itself)")
     add_floater_args(p.add_argument_group("FLOATER options stored in the checkpoint"))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -164,19 +206,19 @@ def main(argv=None):
         del args.pe_floater_bias  # always on
     if getattr(args, "pe_floater_dynamics", "ode") != "ode":
         raise WarmStartError("--pe-floater-dynamics: the warm start needs the ODE (h ≡ 0 is what makes it exact)")
+    check_paths(args)
     if getattr(args, "user_dir", None):
         from fairseq import utils
 
         utils.import_user_module(argparse.Namespace(user_dir=args.user_dir))
     floater_options = {k: v for k, v in vars(args).items() if k.startswith("pe_floater_")}
 
-    state = torch.load(args.checkpoint, map_location="cpu", weights_only=False)  # fairseq checkpoints pickle args
+    state = read_checkpoint(args.checkpoint)
     old_args = _model_args(state)
     new_args = converted_args(old_args, floater_options)
     stock = not issubclass(ARCH_MODEL_REGISTRY[getattr(old_args, "arch", None) or old_args._name], TransformerPEModel)
 
-    overrides = {"data": args.data} if getattr(args, "data", None) else None
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([args.checkpoint], arg_overrides=overrides)
+    models, _, task = load_original(args.checkpoint, getattr(args, "data", None))
     original = models[0]
     torch.manual_seed(args.seed)
     converted = task.build_model(new_args)
@@ -207,11 +249,10 @@ def main(argv=None):
     return diff
 
 
-def cli_main():
-    try:
-        main()
-    except WarmStartError as e:
-        sys.exit(f"warm_start_floater: error: {e}")
+@cli
+def cli_main(argv=None):
+    """The console script: a :class:`~fairseq_pe.errors.UserError` ends as ``PROG: error: ...``, status 2."""
+    main(argv)
 
 
 if __name__ == "__main__":

@@ -25,24 +25,27 @@ biases, ``--pe-floater-bias``: the paper's plug-in):
   that changes the encoding (e.g. ``--pe-relative learned``) the difference is printed: it is
   what fine-tuning has to absorb;
 * the optimizer state is dropped.
+
+OUTPUT is never CHECKPOINT itself, and an existing OUTPUT is replaced only with ``--force``; it is
+written atomically (a temporary file in its folder, renamed when complete).
 """
 
 import argparse
 import copy
 import logging
-import sys
 
 import torch
 
-from fairseq import checkpoint_utils
 from fairseq.models import ARCH_MODEL_REGISTRY
 from fairseq.models.roberta import RobertaModel
 
 import fairseq_pe  # noqa: F401  (registers roberta_pe)
+from fairseq_pe.errors import cli
 from fairseq_pe.models.options import add_position_encoding_args
 from fairseq_pe.models.roberta_pe import LEARNED_TABLE_KEY, RobertaPEModel
 from fairseq_pe.positional.learned import LearnedPositionEncoding
-from fairseq_pe.warm_start import WarmStartError, _model_args, save_converted
+from fairseq_pe.warm_start import (WarmStartError, _model_args, check_paths, load_original, read_checkpoint,
+                                   save_converted)
 
 logger = logging.getLogger("fairseq_pe.warm_start_roberta")
 
@@ -136,22 +139,24 @@ def main(argv=None):
                    help="largest allowed log-probability difference when the conversion is exact by "
                         "construction (learned table kept, only FLOATER biases added)")
     p.add_argument("--seed", type=int, default=1, help="seed of the new encoding's initialisation")
+    p.add_argument("--force", action="store_true", default=False,
+                   help="replace OUTPUT if it exists (it is never allowed to be CHECKPOINT itself)")
     add_position_encoding_args(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     pe_options = {k: v for k, v in vars(args).items() if k.startswith("pe_")}
     if pe_options.get("pe_floater_dynamics", "ode") != "ode" and pe_options.get("pe_floater_bias"):
         raise WarmStartError("--pe-floater-dynamics: the exact warm start needs the ODE (h ≡ 0)")
+    check_paths(args)
 
-    state = torch.load(args.checkpoint, map_location="cpu", weights_only=False)  # fairseq checkpoints pickle args
+    state = read_checkpoint(args.checkpoint)
     old_args = _model_args(state)
     new_args, stock = converted_args(old_args, pe_options)
     same_encoding = stock or (getattr(old_args, "pe_absolute", None) == "learned"
                               and getattr(old_args, "pe_relative", "none") == "none"
                               and not getattr(old_args, "pe_all_blocks", False))
 
-    overrides = {"data": args.data} if getattr(args, "data", None) else None
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([args.checkpoint], arg_overrides=overrides)
+    models, _, task = load_original(args.checkpoint, getattr(args, "data", None))
     original = models[0]
     if stock:
         rows = original.encoder.sentence_encoder.embed_positions.weight.size(0)
@@ -200,11 +205,10 @@ def main(argv=None):
     return diff
 
 
-def cli_main():
-    try:
-        main()
-    except WarmStartError as e:
-        sys.exit(f"fairseq-pe-warm-start-roberta: error: {e}")
+@cli
+def cli_main(argv=None):
+    """The console script: a :class:`~fairseq_pe.errors.UserError` ends as ``PROG: error: ...``, status 2."""
+    main(argv)
 
 
 if __name__ == "__main__":

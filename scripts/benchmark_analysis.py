@@ -65,7 +65,7 @@ def main(argv=None):
             for name in systems:
                 ckpt = os.path.join(tmp, name, "checkpoint.pt")
                 cmd = [sys.executable, "-m", "fairseq_pe.analyze", ckpt, "--out", os.path.join(args.out, "analysis"),
-                       "--quiet", *args.analyze_args]
+                       "--quiet", "--force", *args.analyze_args]
                 start = time.perf_counter()
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
                 seconds = time.perf_counter() - start

@@ -1,4 +1,30 @@
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "shared_data: reads ../shared/data (the real-data folder next to the checkout) through "
+        "helpers.shared_data(); skipped, naming the folder, where it is missing. "
+        "`pytest -m shared_data` runs exactly these.")
+
+
+def _set_current_test(item):
+    helpers = sys.modules.get("helpers")  # imported by the test modules that can read ../shared
+    if helpers is not None:
+        helpers.current_test = item
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _set_current_test(item)  # before the test's fixtures: helpers.shared_data() checks its marker
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item):
+    _set_current_test(None)

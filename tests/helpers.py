@@ -6,6 +6,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import pytest
 import torch
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY
@@ -15,7 +16,27 @@ from fairseq_pe.models.transformer_pe import TransformerPEModel
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLUGIN = os.path.join(REPO, "fairseq_pe")
+FIXTURES = os.path.join(REPO, "tests", "fixtures")
+# The project's real-data folder (../shared/data next to the checkout; CI has it, a fresh clone does
+# not).  Tests read it through shared_data() only, and carry @pytest.mark.shared_data.
 SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
+# The test being set up or run, kept by conftest.py so that shared_data() can check its marker.
+current_test = None
+
+
+def shared_data(*parts: str) -> str:
+    """Path of ``../shared/data/<parts>``; skips the calling test, naming the folder, when it is
+    missing (a fresh clone has no ``../shared``).  Only for tests marked ``@pytest.mark.shared_data``
+    (and the fixtures they use), so that ``pytest -m shared_data`` selects every test that reads it."""
+    path = os.path.join(SHARED_DATA, *parts)
+    node = current_test
+    if node is not None and node.get_closest_marker("shared_data") is None:
+        raise AssertionError(f"{node.nodeid} reads {path} but is not marked @pytest.mark.shared_data")
+    if not os.path.exists(path):
+        rel = "/".join(("..", "shared", "data") + parts)
+        pytest.skip(f"needs {rel}, the project's real-data folder next to the checkout "
+                    f"(not found: {os.path.normpath(path)})")
+    return path
 
 
 def dictionary(vocab: int = 20) -> Dictionary:
@@ -61,8 +82,10 @@ def assert_incremental_equals_full(model, d):
 
 
 def cli(*cmd: str, cwd=None, check=True) -> subprocess.CompletedProcess:
-    """Run a fairseq CLI; on failure the assertion shows its output."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    """Run a fairseq CLI; on failure the assertion shows its output.  The console scripts of this
+    interpreter's environment come first on PATH (a virtual environment that is not activated)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+               PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
     proc = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")

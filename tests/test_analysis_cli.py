@@ -208,3 +208,45 @@ def test_roberta_checkpoints_stock_and_floater(tmp_path):
                                        "lr_scheduler_state": {"best": None}, "num_updates": 0}]}, lm)
     with pytest.raises(CheckpointError, match="lm.pt: neither a translation model .* nor a RoBERTa model"):
         load_checkpoint(lm)
+
+
+def test_out_is_replaced_only_with_force_and_never_over_a_checkpoint(tmp_path, capsys):
+    """Issue 14: a second analysis into the same --out needs --force (then pictures this analysis does
+    not draw are removed); no output may be a checkpoint analysed; every error is one line."""
+    from fairseq_pe import analyze as tool
+
+    def main(*argv):
+        try:
+            code = tool.main([str(a) for a in argv])
+        except SystemExit as e:
+            code = e.code
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if ": error: " in line]
+        assert "Traceback" not in err and len(errors) == (code != 0), err
+        return code, "".join(errors)
+
+    ape, rpe = tmp_path / "ape" / "model.pt", tmp_path / "rpe" / "model.pt"
+    for path, flags in ((ape, ["--pe-absolute", "learned"]), (rpe, ["--pe-absolute", "none", "--pe-relative", "learned"])):
+        path.parent.mkdir()
+        save_untrained_checkpoint(str(path), "roberta_pe_tiny", flags, vocab=40, max_positions=32)
+    out = tmp_path / "out"
+    opts = ["--length", "8", "--probe-length", "8", "--num-tokens", "5", "--quiet", "--names", "m"]
+    assert main(ape, "--out", out, *opts) == (0, "")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert {"absolute.png", "probe.png"} <= {p.name for p in (out / "m").iterdir()}
+    code, err = main(rpe, "--out", out, *opts)
+    assert code == 2 and f"--out {out}: " in err and "exist already" in err and "pass --force" in err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing touched
+    assert main(rpe, "--out", out, *opts, "--force") == (0, "")
+    files = {p.name for p in (out / "m").iterdir()}
+    assert "relative.png" in files and not {"absolute.png", "probe.png"} & files  # the earlier run's are gone
+    assert not (out / "absolute.png").exists() and not any(p.name.startswith(".") for p in out.rglob("*"))
+    # a checkpoint where an output would go (a file named like one): refused, --force or not
+    odd = tmp_path / "odd" / "scores.json"
+    odd.parent.mkdir()
+    odd.write_bytes(ape.read_bytes())
+    code, err = main(odd, "--out", tmp_path, "--names", "odd", "--force")
+    assert code == 2 and f"would write over the input CHECKPOINT {odd}" in err
+    assert odd.read_bytes() == ape.read_bytes()
+    code, err = main(tmp_path / "nope.pt", "--out", out, "--force")
+    assert code == 2 and f"error: {tmp_path / 'nope.pt'}: no such file" in err

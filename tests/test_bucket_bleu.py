@@ -1,6 +1,7 @@
 """``fairseq-pe-bucket-bleu`` on handmade generate output: per-bucket sacreBLEU, segmentation, errors."""
 
 import json
+import os
 import re
 
 import pytest
@@ -107,3 +108,93 @@ def test_files_of_different_lengths_are_refused(files):
     (files / "src").write_text("\n".join(SOURCES[:2]) + "\n", encoding="utf-8")
     run = bucket_bleu(files, "--plain", "--system", f"p={files / 'hyp'}", check=False)
     assert run.returncode != 0 and "--source" in run.stderr and "line-aligned" in run.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 14: no user error loses data; a sentence that was not translated is named, never dropped
+
+
+def run_main(capsys, *argv):
+    """``fairseq-pe-bucket-bleu`` in-process: (exit status, stderr)."""
+    from fairseq_pe import bucket_bleu as tool
+
+    try:
+        tool.main(list(argv))
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert len(errors) == (code != 0), err  # one line: "PROG: error: ..."
+    return code, "\n".join(errors) + "\n"
+
+
+def test_out_never_replaces_an_input_and_replaces_results_only_with_force(files, capsys):
+    gen = write_generate(files / "a.txt", HYPS)
+    (files / "res.txt").write_text("\n".join(REFS) + "\n", encoding="utf-8")  # the reference, named like --out's
+    common = ["--source", str(files / "src"), "--unit", "word", "--buckets", "1,5,100", "--system", f"a={gen}"]
+    for extra in ([], ["--force"]):
+        code, err = run_main(capsys, *common, "--reference", str(files / "res.txt"), "--out", str(files / "res"),
+                             *extra)
+        assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+        assert f"error: --out: would write over the input --reference {files / 'res.txt'}" in err
+    assert (files / "res.txt").read_text(encoding="utf-8") == "\n".join(REFS) + "\n"
+    out = str(files / "scores")
+    assert run_main(capsys, *common, "--reference", str(files / "ref"), "--out", out)[0] == 0
+    before = {ext: open(out + ext, "rb").read() for ext in (".txt", ".json", ".png")}
+    code, err = run_main(capsys, *common, "--reference", str(files / "ref"), "--out", out)
+    assert code == 2 and "scores.txt, " in err and "exist already (an earlier run's results): pass --force" in err
+    assert {ext: open(out + ext, "rb").read() for ext in before} == before
+    assert run_main(capsys, *common, "--reference", str(files / "ref"), "--out", out, "--force")[0] == 0
+    assert sorted(p.name for p in files.iterdir()) == ["a.txt", "ref", "res.txt", "scores.json", "scores.png",
+                                                       "scores.txt", "src"]  # no temporary file left
+
+
+def test_user_mistakes_are_one_line_errors(files, capsys):
+    gen = write_generate(files / "a.txt", HYPS)
+    (files / "lengths").write_text("3\nx\n5\n6\n")
+    cases = [
+        (["--reference", str(files / "nope"), "--source", str(files / "src")], "--reference"),
+        (["--reference", str(files / "ref"), "--lengths", str(files / "lengths")], "line 2 is 'x'"),
+        (["--reference", str(files / "ref"), "--source", str(files / "src"), "--unit", "subword", "--spm-model",
+          str(files / "ref")], "not a sentencepiece model"),
+    ]
+    for argv, fragment in cases:
+        code, err = run_main(capsys, "--system", f"a={gen}", *argv)
+        assert code == 2 and fragment in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_sentences_not_translated_are_named_and_their_scores_marked():
+    from fairseq_pe.bleu import GenerateOutputError, bucketed_bleu, read_generate_output
+    from fairseq_pe.bucket_bleu import format_table
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "gen.txt")
+        with open(path, "w", encoding="utf-8") as f:  # sentence 1 was skipped by fairseq-generate
+            for i in (0, 2, 3):
+                f.write(f"S-{i}\t{SOURCES[i]}\nD-{i}\t-0.1\t{HYPS[i]}\n")
+        got = read_generate_output(path, expected=4, not_translated=[1])
+        assert [s.hypothesis for s in got] == [HYPS[0], None, HYPS[2], HYPS[3]]
+        with pytest.raises(GenerateOutputError, match=r"no D- hypothesis for 1 sentence\(s\), e.g. ids \[1\]"):
+            read_generate_output(path, expected=4)
+        with pytest.raises(GenerateOutputError, match=r"sentence\(s\) \[2\] were expected to be skipped"):
+            read_generate_output(path, expected=4, not_translated=[1, 2])
+    hyps = [s.hypothesis for s in got]
+    lengths = [4, 9, 1, 6]
+    res = bucketed_bleu(hyps, REFS, lengths, [(1, 5), (5, 100)], missing_reason="1 source too long")
+    short = sacrebleu.corpus_bleu([HYPS[0], HYPS[2]], [[REFS[0], REFS[2]]]).score
+    assert res["[1,5)"]["bleu"] == pytest.approx(short) and res["[1,5)"]["n"] == 2  # computed: nothing missing
+    assert res["[5,100)"] == {"bleu": None, "n": 2, "ratio": None, "na": "1 source too long"}  # never on a subset
+    assert res["all"]["bleu"] is None and res["all"]["n"] == 4
+    with pytest.raises(GenerateOutputError, match="no hypothesis for 1 sentence"):
+        bucketed_bleu(hyps, REFS, lengths, [(1, 5), (5, 100)])
+    none = bucketed_bleu([None] * 4, REFS, lengths, [(1, 5), (5, 100)], missing_reason="decoding failed")
+    assert none["all"]["na"] == "decoding failed" and none["signature"].startswith("nrefs:1")
+    table = format_table({"a": res, "b": bucketed_bleu(HYPS, REFS, lengths, [(1, 5), (5, 100)])},
+                         [(1, 5), (5, 100)], "t")
+    assert re.search(r"^\| a +\| [\d.]+ +\| n/a \[1\] +\| n/a \[1\] +\|$", table, re.M), table
+    assert "\n[1] a: 1 source too long\n" in table and re.search(r"^\| b +\| [\d.]+ +\| [\d.]+ +\| [\d.]+ +\|$",
+                                                                  table, re.M)

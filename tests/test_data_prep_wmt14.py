@@ -1,4 +1,5 @@
-"""``fairseq-pe-prepare-wmt14`` on a small fake ``--raw-dir`` made of real sentences from ../shared/data.
+"""``fairseq-pe-prepare-wmt14`` on a small fake ``--raw-dir`` made of real sentences from ../shared/data
+(the end-to-end test, marked shared_data: skipped where that folder is missing).
 
 The fake WMT14 en-de release: Multi30k lines as europarl (extracted files), Tatoeba as commoncrawl
 (a .tgz), IWSLT14 lines as news-commentary (bare extracted files), newstest2013 in ``dev.tgz`` and
@@ -17,10 +18,8 @@ import pytest
 from fairseq_pe.data_prep import wmt14
 from fairseq_pe.data_prep.wmt14 import PrepError
 
-from helpers import SHARED_DATA, cli
+from helpers import cli, shared_data
 
-MT = os.path.join(SHARED_DATA, "mt", "en-de")
-needs_data = pytest.mark.skipif(not os.path.isdir(MT), reason="../shared/data is not available")
 SPM = ["--spm-vocab-size", "500", "--workers", "2"]
 
 
@@ -31,7 +30,8 @@ def lines_of(path):
 
 def clean_base(name, n):
     """The first n pairs of ../shared/data/mt/en-de/NAME.{en,de} that no cleaning rule drops."""
-    en, de = lines_of(os.path.join(MT, name + ".en")), lines_of(os.path.join(MT, name + ".de"))
+    mt = shared_data("mt", "en-de")
+    en, de = lines_of(os.path.join(mt, name + ".en")), lines_of(os.path.join(mt, name + ".de"))
     out = []
     for s, t in zip(en, de):
         ns, nt = len(s.split()), len(t.split())
@@ -83,12 +83,13 @@ def fake_raw_dir(root):
     make_tgz(raw / "training-parallel-commoncrawl.tgz", stage, ["commoncrawl.de-en.en", "commoncrawl.de-en.de"])
     nc = clean_base("iwslt14/IWSLT14.TED.tst2010", 200)
     write_pair(str(raw / "news-commentary-v9.de-en"), nc)  # bare file names directly in --raw-dir
-    dev = list(zip(lines_of(os.path.join(MT, "wmt/newstest2013.en"))[:100],
-                   lines_of(os.path.join(MT, "wmt/newstest2013.de"))[:100]))
+    mt = shared_data("mt", "en-de")
+    dev = list(zip(lines_of(os.path.join(mt, "wmt/newstest2013.en"))[:100],
+                   lines_of(os.path.join(mt, "wmt/newstest2013.de"))[:100]))
     write_pair(str(stage / "dev" / "newstest2013"), dev)
     write_pair(str(stage / "dev" / "newstest2012"), dev[:3])  # not needed, not extracted
     make_tgz(raw / "dev.tgz", stage, ["dev/newstest2012.en", "dev/newstest2013.en", "dev/newstest2013.de"])
-    test = {lang: lines_of(os.path.join(MT, f"wmt/newstest2014.{lang}"))[:120] for lang in ("en", "de")}
+    test = {lang: lines_of(os.path.join(mt, f"wmt/newstest2014.{lang}"))[:120] for lang in ("en", "de")}
     for lang in ("en", "de"):
         test[lang][3] += " R&D <b>"
         test[lang][60] = " ".join(test[lang][:40])  # one segment far over --max-len
@@ -97,7 +98,7 @@ def fake_raw_dir(root):
     return raw, {"europarl-v7": len(europarl), "commoncrawl": len(crawl), "news-commentary-v9": len(nc)}, dev, test
 
 
-@needs_data
+@pytest.mark.shared_data
 def test_prepare_en_de_end_to_end(tmp_path):
     raw, kept, dev, test = fake_raw_dir(tmp_path)
     work = tmp_path / "work"
@@ -232,3 +233,33 @@ def test_spm_vocab_too_large_names_the_option(tmp_path):
     text.write_text("a small corpus\nwith few pieces\n", encoding="utf-8")
     with pytest.raises(PrepError, match="--spm-vocab-size"):
         wmt14.train_spm([str(text)], str(tmp_path / "spm" / "m"), 5000, 1000, 1)
+
+
+def test_changed_options_need_force_and_a_foreign_workdir_is_refused(tmp_path, capsys):
+    """Issue 14: redoing done steps with other options would replace raw/, spm/ and data-bin/ (which
+    trained models depend on): only with --force.  raw/, spm/ or data-bin/ that this tool did not
+    write (no WORKDIR/.done) are never used."""
+    import json
+
+    work = tmp_path / "w"
+    (work / ".done").mkdir(parents=True)
+    configs = wmt14.step_configs(wmt14.parse_args(["--pair", "en-de", "--workdir", str(work)]), None)
+    for step in ("fetch", "clean"):
+        (work / ".done" / step).write_text(json.dumps({"config": configs[step], "result": {}}))
+    wmt14.check_workdir(str(work), configs, force=False)  # the same options: resumed
+    changed = wmt14.step_configs(wmt14.parse_args(["--pair", "en-de", "--workdir", str(work), "--max-len", "100"]),
+                                 None)
+    with pytest.raises(PrepError, match=r"clean: max_len 250 there, 100 now\).*pass --force"):
+        wmt14.check_workdir(str(work), changed, force=False)
+    wmt14.check_workdir(str(work), changed, force=True)
+
+    mine = tmp_path / "mine"
+    (mine / "data-bin").mkdir(parents=True)
+    try:
+        wmt14.main(["--pair", "en-de", "--workdir", str(mine), "--raw-dir", str(tmp_path)])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and "data-bin exist but were not written by fairseq-pe-prepare-wmt14" in err
+    assert "Traceback" not in err and os.listdir(mine) == ["data-bin"]

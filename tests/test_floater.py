@@ -213,7 +213,7 @@ def test_freezing_and_learning_rate_scale():
         flow.states(client, 20).square().sum().backward()
         opt.step()
         after = [p.detach().float() * flow.lr_scale for p in flow.dynamics.parameters()]
-        moves.append(sum((a - b).abs().sum() for a, b in zip(after, before)))
+        moves.append(sum(float((a - b).abs().sum()) for a, b in zip(after, before)))  # Python floats
     assert moves[1] == pytest.approx(10 * moves[0], rel=1e-3)  # Adam: the effective θ moves S times as far
 
 

@@ -91,6 +91,17 @@ def test_stock_transformer_converts_exactly_and_fine_tunes(tmp_path, data):
     floater = str(tmp_path / "floater_init.pt")
     conv = cli(sys.executable, os.path.join(REPO, "scripts", "warm_start_floater.py"), stock, floater)
     assert "Fine-tune with" in conv.stderr + conv.stdout
+
+    # issue 14: the trained checkpoint is never the output, an existing output needs --force
+    trained, converted = open(stock, "rb").read(), open(floater, "rb").read()
+    for cmd in ([stock, stock], [stock, floater], [stock, stock, "--force"]):
+        bad = cli("fairseq-pe-warm-start-floater", *cmd, check=False)
+        errors = [line for line in bad.stderr.splitlines() if ": error: " in line]
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(errors) == 1, bad.stderr[-2000:]
+        assert errors[0].startswith("fairseq-pe-warm-start-floater: error: OUTPUT")
+    assert open(stock, "rb").read() == trained and open(floater, "rb").read() == converted
+    cli("fairseq-pe-warm-start-floater", stock, floater, "--force")  # replaced (the same conversion again)
+    assert sorted(os.listdir(tmp_path)) == ["floater_init.pt", "stock"]  # no temporary file left
     state = checkpoint_utils.load_checkpoint_to_cpu(floater)
     assert state["cfg"]["model"].arch == "transformer_pe"
     assert state["cfg"]["model"].pe_absolute == "sinusoidal-fairseq" and state["cfg"]["model"].pe_floater_bias

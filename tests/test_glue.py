@@ -1,9 +1,10 @@
 """GLUE: parsing of the real GLUE files, the official metrics, and an end-to-end run.
 
-* Parsing (in-process, on ../shared/data/glue): every split's example count equals ``wc -l``
-  minus the header; MRPC's held-out dev split is deterministic and disjoint from train; rows
-  with ``"`` (unbalanced quotes) are kept intact; CRLF files and STS-B's licence columns are
-  read; a malformed row is an error naming the file and line.
+* Parsing (in-process, on ../shared/data/glue where it is there): every split's example count
+  equals ``wc -l`` minus the header; MRPC's held-out dev split is deterministic and disjoint from
+  train; rows with ``"`` (unbalanced quotes) are kept intact; CRLF files and STS-B's licence
+  columns are read.  On small hand-made files (tests/fixtures/glue, always): GLUE's MRPC layouts;
+  a malformed row is an error naming the file and line.
 * Metrics against numbers computed by hand (Matthews correlation, F1 of class ``1``, Spearman).
 * End to end through the real CLIs, for two position encodings of ``roberta_pe_tiny``: a tiny
   sentencepiece model and its fairseq dictionary (``fairseq-preprocess --only-source``, in-process),
@@ -27,10 +28,8 @@ from fairseq_pe import glue as glue_eval
 from fairseq_pe.data_prep import glue as prep
 from fairseq_pe.data_prep.glue import GlueError
 
-from helpers import PLUGIN, REPO, SHARED_DATA, cli
+from helpers import FIXTURES, PLUGIN, REPO, cli, shared_data
 
-GLUE = os.path.join(SHARED_DATA, "glue")
-needs_data = pytest.mark.skipif(not os.path.isdir(GLUE), reason="../shared/data/glue is not available")
 LIMIT = 160
 TINY = ["--encoder-layers", "2", "--encoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128",
         "--encoder-attention-heads", "2"]
@@ -57,14 +56,15 @@ FILES = {
 }
 
 
-@needs_data
+@pytest.mark.shared_data
 @pytest.mark.parametrize("task", sorted(FILES))
 def test_counts_equal_line_counts(task):
+    glue_dir = shared_data("glue")
     spec = prep.task_spec(task)
-    data, _ = prep.read_task(spec, GLUE)
+    data, _ = prep.read_task(spec, glue_dir)
     assert sorted(data) == sorted(FILES[task])
     for split, (name, header) in FILES[task].items():
-        assert len(data[split]) == wc_l(os.path.join(GLUE, task, name)) - header, (task, split)
+        assert len(data[split]) == wc_l(os.path.join(glue_dir, task, name)) - header, (task, split)
         exs = data[split]
         assert all(e.label is not None for e in exs)
         assert all((e.text1 is not None) == spec.pair for e in exs)
@@ -73,20 +73,21 @@ def test_counts_equal_line_counts(task):
         assert not any(t.endswith("\r") for e in exs for t in (e.text0, e.text1, e.label) if t)
 
 
-@needs_data
+@pytest.mark.shared_data
 def test_mrpc_held_out_dev_is_deterministic():
+    glue_dir = shared_data("glue")
     spec = prep.task_spec("mrpc")
-    data, sources = prep.read_task(spec, GLUE)
-    n_train_file = wc_l(os.path.join(GLUE, "MRPC", "msr_paraphrase_train.txt")) - 1
+    data, sources = prep.read_task(spec, glue_dir)
+    n_train_file = wc_l(os.path.join(glue_dir, "MRPC", "msr_paraphrase_train.txt")) - 1
     assert len(data["valid"]) == prep.MRPC_DEV_SIZE == 408
     assert len(data["train"]) + len(data["valid"]) == n_train_file == 4076
-    assert len(data["test"]) == wc_l(os.path.join(GLUE, "MRPC", "msr_paraphrase_test.txt")) - 1 == 1725
+    assert len(data["test"]) == wc_l(os.path.join(glue_dir, "MRPC", "msr_paraphrase_test.txt")) - 1 == 1725
     train_lines, dev_lines = [e.line for e in data["train"]], [e.line for e in data["valid"]]
     assert not set(train_lines) & set(dev_lines) and dev_lines == sorted(dev_lines)
     assert "RandomState(1)" in sources["valid"]
-    again, _ = prep.read_task(spec, GLUE)
+    again, _ = prep.read_task(spec, glue_dir)
     assert [e.line for e in again["valid"]] == dev_lines
-    other, _ = prep.read_task(spec, GLUE, mrpc_dev_seed=2)
+    other, _ = prep.read_task(spec, glue_dir, mrpc_dev_seed=2)
     assert [e.line for e in other["valid"]] != dev_lines
     # the first pair of the file, with its quotes and the BOM-stripped header
     first = (data["train"] + data["valid"])
@@ -95,28 +96,31 @@ def test_mrpc_held_out_dev_is_deterministic():
     assert first.text0 == 'Amrozi accused his brother, whom he called "the witness", of deliberately distorting his evidence.'
 
 
-@needs_data
+@pytest.mark.shared_data
 def test_quotes_and_licence_columns_kept_intact():
+    glue_dir = shared_data("glue")
     spec = prep.task_spec("STS-B")
-    exs = prep.parse_file(spec, os.path.join(GLUE, "STS-B", "original", "sts-train.tsv"), "train")
+    exs = prep.parse_file(spec, os.path.join(glue_dir, "STS-B", "original", "sts-train.tsv"), "train")
     by_line = {e.line: e for e in exs}
     # an unbalanced quote: a quote-aware reader would swallow the following lines into this field
     assert by_line[2002].text0 == '"Then the captain was gone.'
     assert by_line[2002].text1 == "Then the captain came back." and by_line[2002].label == "0.8"
     assert by_line[2003].line == 2003  # the next row is its own example
     # rows with two licence fields after sentence2 (9 columns)
-    with open(os.path.join(GLUE, "STS-B", "original", "sts-train.tsv"), encoding="utf-8") as f:
+    with open(os.path.join(glue_dir, "STS-B", "original", "sts-train.tsv"), encoding="utf-8") as f:
         nine = [i for i, line in enumerate(f, 1) if line.count("\t") == 8]
     assert nine and all(by_line[i].text1 and not by_line[i].text1.startswith("Europe Media") for i in nine)
     # CRLF file: no carriage return left in labels
-    sst = prep.parse_file(prep.task_spec("SST-2"), os.path.join(GLUE, "SST-2", "test-labeled.tsv"), "test")
+    sst = prep.parse_file(prep.task_spec("SST-2"), os.path.join(glue_dir, "SST-2", "test-labeled.tsv"), "test")
     assert {e.label for e in sst} == {"0", "1"}
 
 
 def test_mrpc_glue_layouts(tmp_path):
-    """GLUE's dev ids file is used when present; GLUE's train.tsv/dev.tsv are used as they are."""
-    with open(os.path.join(GLUE, "MRPC", "msr_paraphrase_train.txt"), encoding="utf-8-sig") as f:
+    """GLUE's dev ids file is used when present; GLUE's train.tsv/dev.tsv are used as they are.  On a
+    hand-made msr_paraphrase_train.txt in Microsoft's format (BOM, header, 40 pairs)."""
+    with open(os.path.join(FIXTURES, "glue", "MRPC", "msr_paraphrase_train.txt"), encoding="utf-8-sig") as f:
         lines = f.read().split("\n")[:41]  # header + 40 pairs
+    assert len(lines) == 41 and lines[0].startswith("Quality\t#1 ID")
     spec = prep.task_spec("MRPC")
     write(tmp_path / "a" / "MRPC" / "msr_paraphrase_train.txt", "\n".join(lines) + "\n")
     ids = [line.split("\t")[1:3] for line in (lines[5], lines[17])]
@@ -167,9 +171,18 @@ def test_stsb_score_and_layout_errors(tmp_path):
         prep.parse_file(spec, path, "train")
 
 
+def exit_status(main, argv):
+    """A console script's ``main`` in-process: its return value, or the status it exits with (a user
+    error: ``SystemExit(2)`` after ``PROG: error: ...`` on stderr)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
 def test_cli_rejects_bad_flags(tmp_path, capsys):
-    assert prep.main(["--glue-dir", str(tmp_path), "--tasks", "SST-2,QNLI", "--spm-model", "x", "--dict", "y",
-                      "--destdir", str(tmp_path / "d")]) == 2
+    assert exit_status(prep.main, ["--glue-dir", str(tmp_path), "--tasks", "SST-2,QNLI", "--spm-model", "x",
+                                   "--dict", "y", "--destdir", str(tmp_path / "d")]) == 2
     assert "--tasks: unknown GLUE task 'QNLI'" in capsys.readouterr().err
     # through the data-prep/ wrapper
     out = cli(os.path.join(REPO, "data-prep", "prepare-glue.sh"), "--glue-dir", str(tmp_path), "--tasks", "SST-2",
@@ -216,12 +229,11 @@ def glue_bin(tmp_path_factory):
     """SST-2 and STS-B (first LIMIT examples of each split) prepared with a tiny sentencepiece model."""
     import sentencepiece as spm
 
-    if not os.path.isdir(GLUE):
-        pytest.skip("../shared/data/glue is not available")
+    glue_dir = shared_data("glue")
     work = tmp_path_factory.mktemp("glue")
-    sst = [e.text0 for e in prep.parse_file(prep.task_spec("SST-2"), os.path.join(GLUE, "SST-2", "train.tsv"),
+    sst = [e.text0 for e in prep.parse_file(prep.task_spec("SST-2"), os.path.join(glue_dir, "SST-2", "train.tsv"),
                                             "train")[:1500]]
-    sts = [t for e in prep.parse_file(prep.task_spec("STS-B"), os.path.join(GLUE, "STS-B", "original",
+    sts = [t for e in prep.parse_file(prep.task_spec("STS-B"), os.path.join(glue_dir, "STS-B", "original",
                                                                              "sts-train.tsv"), "train")[:600]
            for t in (e.text0, e.text1)]
     with open(work / "text.txt", "w", encoding="utf-8") as f:
@@ -237,14 +249,16 @@ def glue_bin(tmp_path_factory):
 
     preprocess.main(options.get_preprocessing_parser().parse_args(
         ["--only-source", "--trainpref", str(work / "text.spm"), "--destdir", str(work / "dict"), "--workers", "1"]))
-    out = cli("fairseq-pe-prepare-glue", "--glue-dir", GLUE, "--tasks", "SST-2,STS-B", "--spm-model",
+    out = cli("fairseq-pe-prepare-glue", "--glue-dir", glue_dir, "--tasks", "SST-2,STS-B", "--spm-model",
               str(work / "spm.model"), "--dict", str(work / "dict" / "dict.txt"), "--destdir", str(work / "bin"),
               "--limit", str(LIMIT), "--max-positions", "256")
     return work, out.stdout
 
 
+@pytest.mark.shared_data
 def test_prepare_outputs(glue_bin):
     work, stdout = glue_bin
+    glue_dir = shared_data("glue")
     assert "SST-2  train 160, valid 160, test 160; 2 classes; metric accuracy" in stdout
     assert "STS-B  train 160, valid 160, test 160; 1 target (regression); metric spearman" in stdout
     assert "valid: 872 examples from" in stdout and "valid: 1,500 examples from" in stdout
@@ -259,7 +273,7 @@ def test_prepare_outputs(glue_bin):
     assert info["regression_target"] and info["num_classes"] == 1 and info["metric"] == "spearman"
     assert "--regression-target" in info["fairseq_train_args"]
     # STS-B scores / 5 as raw floats; the raw tsv order is kept
-    dev = prep.parse_file(prep.task_spec("STS-B"), os.path.join(GLUE, "STS-B", "original", "sts-dev.tsv"), "valid")
+    dev = prep.parse_file(prep.task_spec("STS-B"), os.path.join(glue_dir, "STS-B", "original", "sts-dev.tsv"), "valid")
     scores = [float(x) for x in (sts / "label" / "valid.label").read_text().split()]
     assert scores == pytest.approx([float(e.label) / 5 for e in dev[:LIMIT]])
     # no <s> or separator in the binarised data: each sentence is its pieces and </s>
@@ -272,9 +286,11 @@ def test_prepare_outputs(glue_bin):
     assert dev[0].text1 == (work / "bin" / "STS-B" / "valid.raw.input1").read_text(encoding="utf-8").split("\n")[0]
 
 
+@pytest.mark.shared_data
 def test_long_examples_reported_and_kept(glue_bin, tmp_path, capsys):
     work, _ = glue_bin
-    rc = prep.main(["--glue-dir", GLUE, "--tasks", "sst-2", "--spm-model", str(work / "spm.model"),
+    glue_dir = shared_data("glue")
+    rc = prep.main(["--glue-dir", glue_dir, "--tasks", "sst-2", "--spm-model", str(work / "spm.model"),
                     "--dict", str(work / "dict" / "dict.txt"), "--destdir", str(tmp_path), "--limit", "30",
                     "--max-positions", "20"])
     out = capsys.readouterr().out
@@ -285,19 +301,30 @@ def test_long_examples_reported_and_kept(glue_bin, tmp_path, capsys):
     assert n > 0 and info["longest"]["valid"] > 20
     assert f"WARNING: valid: {n} examples longer than --max-positions 20 (kept, not truncated)" in out
     assert "dev.tsv:" in out  # the lines are named
-    # a second run replaces the outputs it wrote; a foreign folder is refused
-    assert prep.main(["--glue-dir", GLUE, "--tasks", "SST-2", "--spm-model", str(work / "spm.model"),
-                      "--dict", str(work / "dict" / "dict.txt"), "--destdir", str(tmp_path), "--limit", "5"]) == 0
+    # a second run replaces the outputs it wrote only with --force (issue 14); a foreign folder is refused
+    again = ["--glue-dir", glue_dir, "--tasks", "SST-2", "--spm-model", str(work / "spm.model"),
+             "--dict", str(work / "dict" / "dict.txt"), "--destdir", str(tmp_path), "--limit", "5"]
+    assert exit_status(prep.main, again) == 2
+    assert "SST-2 holds an earlier run's SST-2 data: pass --force" in capsys.readouterr().err
+    assert json.loads((tmp_path / "SST-2-bin" / "task.json").read_text())["splits"]["train"] == 30
+    assert prep.main(again + ["--force"]) == 0
     assert json.loads((tmp_path / "SST-2-bin" / "task.json").read_text())["splits"]["train"] == 5
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".part")]
     os.makedirs(tmp_path / "other" / "SST-2")
     (tmp_path / "other" / "SST-2" / "mine.txt").write_text("x")
-    assert prep.main(["--glue-dir", GLUE, "--tasks", "SST-2", "--spm-model", str(work / "spm.model"),
-                      "--dict", str(work / "dict" / "dict.txt"), "--destdir", str(tmp_path / "other")]) == 2
+    assert exit_status(prep.main, ["--glue-dir", glue_dir, "--tasks", "SST-2", "--spm-model", str(work / "spm.model"),
+                                   "--dict", str(work / "dict" / "dict.txt"), "--destdir", str(tmp_path / "other"),
+                                   "--force"]) == 2
     assert "was not written by fairseq-pe-prepare-glue" in capsys.readouterr().err
+    assert os.listdir(tmp_path / "other" / "SST-2") == ["mine.txt"]
+    # --destdir the GLUE folder itself: DESTDIR/SST-2 is the input
+    assert exit_status(prep.main, ["--glue-dir", glue_dir, "--tasks", "SST-2", "--spm-model", str(work / "spm.model"),
+                                   "--dict", str(work / "dict" / "dict.txt"), "--destdir", glue_dir, "--force"]) == 2
+    assert "would replace the input --glue-dir" in capsys.readouterr().err
     # a dictionary of other symbols than the model's pieces
     bad = write(tmp_path / "bad.txt", "".join(f"word{i} 1\n" for i in range(50)))
-    assert prep.main(["--glue-dir", GLUE, "--tasks", "SST-2", "--spm-model", str(work / "spm.model"),
-                      "--dict", bad, "--destdir", str(tmp_path / "x")]) == 2
+    assert exit_status(prep.main, ["--glue-dir", glue_dir, "--tasks", "SST-2", "--spm-model", str(work / "spm.model"),
+                                   "--dict", bad, "--destdir", str(tmp_path / "x")]) == 2
     assert "symbols are not pieces of --spm-model" in capsys.readouterr().err
 
 
@@ -313,6 +340,7 @@ ENCODINGS = [
 ]
 
 
+@pytest.mark.shared_data
 @pytest.mark.parametrize("name, pe, task", ENCODINGS, ids=[e[0] for e in ENCODINGS])
 def test_end_to_end(glue_bin, tmp_path, name, pe, task):
     work, _ = glue_bin
@@ -351,3 +379,27 @@ def test_end_to_end(glue_bin, tmp_path, name, pe, task):
         glue_eval.evaluate(other, ckpt, cpu=True, progress=False)
     with pytest.raises(glue_eval.GlueEvalError, match="trained with --task masked_lm, not sentence_prediction"):
         glue_eval.evaluate(data, str(tmp_path / "mlm" / "checkpoint_last.pt"), cpu=True, progress=False)
+
+
+def test_eval_never_replaces_results_or_inputs(tmp_path, capsys):
+    """Issue 14, before any work: --out files of an earlier run need --force; PREFIX naming DATA_BIN's
+    own task.json is refused even with it."""
+    data = tmp_path / "SST-2-bin"
+    data.mkdir()
+    (data / "task.json").write_text('{"task": "SST-2"}')
+    (data / "input0").mkdir()
+    (data / "input0" / "valid.idx").write_text("")
+    (tmp_path / "model.pt").write_text("x")
+    (tmp_path / "eval.predictions.tsv").write_text("earlier")
+    argv = [str(data), "--path", str(tmp_path / "model.pt")]
+    assert exit_status(glue_eval.main, argv + ["--out", str(tmp_path / "eval")]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --out {tmp_path / 'eval'}: " in err and "eval.predictions.tsv exists already" in err
+    assert (tmp_path / "eval.predictions.tsv").read_text() == "earlier"
+    assert exit_status(glue_eval.main, argv + ["--out", str(data / "task"), "--force"]) == 2
+    assert "would write over the input DATA_BIN" in capsys.readouterr().err
+    assert (data / "task.json").read_text() == '{"task": "SST-2"}'
+    # --force: the output may go, but this --path is no checkpoint: one clear line, nothing written
+    assert exit_status(glue_eval.main, argv + ["--out", str(tmp_path / "eval"), "--force"]) == 2
+    assert f"--path {tmp_path / 'model.pt'}: cannot be read as a fairseq checkpoint" in capsys.readouterr().err
+    assert (tmp_path / "eval.predictions.tsv").read_text() == "earlier"

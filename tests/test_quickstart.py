@@ -2,12 +2,13 @@
 
 import json
 import os
+import re
 
 import pytest
 
 from fairseq_pe.quickstart import parse_buckets
 
-from helpers import SHARED_DATA, cli
+from helpers import cli, shared_data
 
 SMALL = ["--max-update", "15", "--warmup", "5", "--max-tokens", "800", "--beam", "2",
          "--progress-seconds", "0"]
@@ -40,10 +41,9 @@ def test_synthetic(tmp_path):
     assert "[9,17) (n=6)" in out.stdout
 
 
+@pytest.mark.shared_data
 def test_real_corpus_directory(tmp_path):
-    src = os.path.join(SHARED_DATA, "mt", "en-de", "iwslt14", "IWSLT14.TED.tst2010")
-    if not os.path.exists(src + ".en"):
-        pytest.skip("../shared/data is not available")
+    src = os.path.join(shared_data("mt", "en-de", "iwslt14"), "IWSLT14.TED.tst2010")
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     lines = {lang: open(f"{src}.{lang}", encoding="utf-8").read().splitlines() for lang in ("en", "de")}
@@ -89,3 +89,84 @@ def test_bucket_spec():
     assert parse_buckets("1,20,40+") == [(1, 20), (20, 40), (40, None)]
     with pytest.raises(Exception):
         parse_buckets("5,3")
+
+
+def error_lines(proc):
+    """The ``PROG: error: ...`` lines of a run (with exit status 2 there is exactly one, no traceback)."""
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return [line for line in proc.stderr.splitlines() if ": error: " in line]
+
+
+def test_long_references_are_translated_and_long_sources_marked(tmp_path):
+    """Issue 14: a learned APE of 20 positions.  Test pairs whose reference is longer than the table
+    but whose source fits are translated from the source alone and scored against the whole
+    reference; a test set with sources beyond the table gets its column marked n/a with the
+    reason, and the system keeps its row and every other column."""
+    from fairseq_pe.synthetic import write_corpus
+
+    raw = write_corpus(str(tmp_path / "syn"), train_size=10, valid_size=2, test_buckets=[(3, 8), (25, 30)],
+                       test_per_bucket=3, seed=9)
+    src = open(os.path.join(raw, "test.src")).read().splitlines()
+    tgt = open(os.path.join(raw, "test.tgt")).read().splitlines()
+    long_refs = [" ".join([t] * 8) for t in tgt[:3]]
+    assert max(len(s.split()) for s in src[:3]) < 19 and min(len(r.split()) for r in long_refs) > 20
+    assert sum(len(s.split()) + 1 > 20 for s in src) == 3  # </s> counts: 3 sources do not fit
+    files = {}
+    for name, sources, refs in (("longref", src[:3], long_refs), ("longsrc", src, tgt)):
+        for ext, lines in (("src", sources), ("tgt", refs)):
+            files[name, ext] = tmp_path / f"{name}.{ext}"
+            files[name, ext].write_text("\n".join(lines) + "\n")
+    work = tmp_path / "qs"
+    cmd = ["fairseq-pe-quickstart", "--workdir", str(work), "--train-size", "300", "--test-per-bucket", "4",
+           "--buckets", "1,9,17", "--systems",
+           "small=--pe-absolute learned --max-source-positions 20 --max-target-positions 20", "ape-sinusoidal",
+           *[f"--extra-test={n}={files[n, 'src']},{files[n, 'tgt']}" for n in ("longref", "longsrc")], *SMALL]
+    out = cli(*cmd)
+    res = json.load(open(work / "results.json"))
+    small, sin = res["systems"]["small"], res["systems"]["ape-sinusoidal"]
+    for label in ("[1,9)", "[9,17)", "all"):  # the in-distribution results are all there
+        assert small[label]["n"] == 4 + 4 * (label == "all") and 0 <= small[label]["bleu"] <= 100
+    assert small["longref"]["n"] == 3 and 0 <= small["longref"]["bleu"] <= 100  # references longer than the table
+    assert small["longsrc"]["bleu"] is None and small["longsrc"]["n"] == 6
+    assert small["longsrc"]["na"].startswith("3 of 6 longsrc sources are longer than the 20 source positions")
+    assert sin["longsrc"]["n"] == 6 and 0 <= sin["longsrc"]["bleu"] <= 100  # no table: every source translated
+    ids = lambda name: [int(line.split("\t")[0][2:]) for line in  # noqa: E731
+                        open(work / "systems" / "small" / name).read().splitlines() if line.startswith("D-")]
+    assert sorted(ids("generate-test1.txt")) == [0, 1, 2]
+    assert sorted(ids("generate-test2.txt")) == [i for i, s in enumerate(src) if len(s.split()) + 1 <= 20]
+    assert re.search(r"^\| small +\| [\d.]+ +\| [\d.]+ +\| [\d.]+ +\| [\d.]+ +\| n/a \[1\] +\|$", out.stdout, re.M)
+    assert "[1] small: 3 of 6 longsrc sources are longer than the 20 source positions" in out.stdout
+
+    # resumed: nothing is trained or decoded again; other options stop with one line, nothing replaced
+    again = cli(*cmd)
+    assert ": training (" not in again.stdout and ": decoding " not in again.stdout
+    assert json.load(open(work / "results.json"))["systems"] == res["systems"]
+    before = open(work / "results.json", "rb").read()
+    other = cli(*cmd[:-len(SMALL)], *SMALL[2:], "--max-update", "16", check=False)
+    errors = error_lines(other)
+    assert other.returncode == 2 and len(errors) == 1, other.stderr[-2000:]
+    assert errors[0].startswith("fairseq-pe-quickstart: error: --workdir ")
+    assert "system small: --max-update 15 there, 16 now" in errors[0] and "pass --force" in errors[0]
+    assert open(work / "results.json", "rb").read() == before
+
+
+def test_a_folder_the_quickstart_did_not_make_is_never_used(tmp_path):
+    mine = tmp_path / "mine"
+    (mine / "data-bin").mkdir(parents=True)
+    (mine / "data-bin" / "dict.en.txt").write_text("a user's data\n")
+    for extra in ([], ["--force"]):
+        out = cli("fairseq-pe-quickstart", "--workdir", str(mine), "--systems", "none", *extra, check=False)
+        errors = error_lines(out)
+        assert out.returncode == 2 and len(errors) == 1 and "was not made by fairseq-pe-quickstart" in errors[0]
+    assert sorted(p.name for p in mine.rglob("*")) == ["data-bin", "dict.en.txt"]
+
+
+def test_a_failed_decoding_marks_its_column_and_is_reported():
+    from fairseq_pe.quickstart import SystemRun, subset_scores
+
+    run = SystemRun()
+    run.outputs["test1"], run.errors["test1"] = None, "decoding failed (fairseq-generate; its log: x.log)"
+    failures = []
+    res = subset_scores(run, "test1", ["a b", "c"], [0, 0], [(0, None)], failures, "sys", "extra")
+    assert res["all"] == {"bleu": None, "n": 2, "ratio": None, "na": run.errors["test1"]}
+    assert failures == ["sys/extra: decoding failed (fairseq-generate; its log: x.log)"]

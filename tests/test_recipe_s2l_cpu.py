@@ -5,9 +5,7 @@ import os
 
 import pytest
 
-from helpers import REPO, SHARED_DATA, cli
-
-BASE = os.path.join(SHARED_DATA, "mt", "en-de")
+from helpers import REPO, cli, shared_data
 
 
 def take(src_prefix, n, dest_prefix):
@@ -18,13 +16,14 @@ def take(src_prefix, n, dest_prefix):
             f.write("\n".join(lines) + "\n")
 
 
-@pytest.mark.skipif(not os.path.isdir(BASE), reason="../shared/data is not available")
+@pytest.mark.shared_data
 def test_s2l_cpu_recipe_smoke(tmp_path):
+    base = shared_data("mt", "en-de")
     data = tmp_path / "data"
     data.mkdir()
-    take(os.path.join(BASE, "tatoeba", "tatoeba-v2021-08-07"), 500, str(data / "tatoeba"))
-    take(os.path.join(BASE, "wmt", "newstest2020.de-en"), 150, str(data / "news2020"))
-    take(os.path.join(BASE, "iwslt14", "IWSLT14.TED.tst2010"), 9, str(tmp_path / "ted"))
+    take(os.path.join(base, "tatoeba", "tatoeba-v2021-08-07"), 500, str(data / "tatoeba"))
+    take(os.path.join(base, "wmt", "newstest2020.de-en"), 150, str(data / "news2020"))
+    take(os.path.join(base, "iwslt14", "IWSLT14.TED.tst2010"), 9, str(tmp_path / "ted"))
     work = tmp_path / "work"
     env = dict(DATA=str(data), SPM_VOCAB="600", VALID_SIZE="20", SHORT_TEST_SIZE="8", MAX_UPDATE="4",
                MAX_TOKENS="1000", WARMUP="2", SYSTEMS="ape-sinusoidal floater")

@@ -11,7 +11,7 @@ import torch
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY
 
-from helpers import PLUGIN, SHARED_DATA, cli
+from helpers import FIXTURES, PLUGIN, cli
 
 from fairseq_pe.models.roberta_pe import LEARNED_TABLE_KEY, RobertaPEModel
 from fairseq_pe.positional.sinusoidal import transformer_frequencies
@@ -132,15 +132,17 @@ def test_span_heads_are_added_to_checkpoints_that_lack_them():
 
 @pytest.fixture(scope="module")
 def mono(tmp_path_factory):
-    """A few hundred lines of ../shared/data/mono/en, prepared by fairseq-pe-prepare-mono."""
+    """The first chapter of Austen's *Persuasion* (tests/fixtures, from ../shared/data/mono/en), prepared
+    by fairseq-pe-prepare-mono."""
     root = tmp_path_factory.mktemp("mono")
-    src = os.path.join(SHARED_DATA, "mono", "en", "janeausten", "persuasion.txt")
-    with open(src, encoding="utf-8") as f:
-        lines = f.readlines()[:1500]
+    with open(os.path.join(FIXTURES, "persuasion-chapter1.txt"), encoding="utf-8") as f:
+        lines = f.readlines()
     text = root / "persuasion.txt"
     text.write_text("".join(lines), encoding="utf-8")
+    # 30 %: 48 of its 236 lines, 46 valid blocks of 32 tokens; stock fairseq drops a last batch smaller
+    # than --required-batch-size-multiple (8), so it needs 8 of them to validate at all
     out = cli("fairseq-pe-prepare-mono", "--input", str(text), "--destdir", str(root / "bin"),
-              "--vocab-size", "300", "--valid-percent", "5", "--workers", "1")
+              "--vocab-size", "300", "--valid-percent", "30", "--workers", "1")
     non_empty = sum(1 for line in lines if line.strip())
     counts = {}
     for split in ("train", "valid"):
@@ -253,3 +255,27 @@ def test_warm_start_to_another_encoding_initialises_it(mono, stock_roberta, tmp_
     pretrain(mono, tmp_path / "ft", "--pe-absolute", "none", "--pe-relative", "learned", "--restore-file",
              str(tmp_path / "rpe.pt"), "--reset-optimizer", "--reset-dataloader", "--reset-meters",
              "--max-positions", "32", updates=1)
+
+
+def test_prepare_mono_never_replaces_results_nor_reads_its_own_outputs(tmp_path, capsys):
+    """Issue 14, before any work: an earlier run's files in --destdir need --force; a --destdir inside
+    an --input folder (its dict.txt, raw/*.txt would be read as text next time) is refused."""
+    from fairseq_pe.data_prep import mono
+
+    def status(argv):
+        try:
+            return mono.main(argv)
+        except SystemExit as e:
+            return e.code
+
+    text = tmp_path / "text"
+    text.mkdir()
+    (text / "a.txt").write_text("some text\n")
+    dest = tmp_path / "bin"
+    dest.mkdir()
+    (dest / "dict.txt").write_text("an earlier dictionary\n")
+    assert status(["--input", str(text), "--destdir", str(dest)]) == 2
+    assert "dict.txt exists already (an earlier run's results): pass --force" in capsys.readouterr().err
+    assert (dest / "dict.txt").read_text() == "an earlier dictionary\n" and os.listdir(dest) == ["dict.txt"]
+    assert status(["--input", str(text), "--destdir", str(text / "bin"), "--force"]) == 2
+    assert "is inside --input" in capsys.readouterr().err and os.listdir(text) == ["a.txt"]

@@ -8,7 +8,7 @@ import pytest
 from fairseq_pe.bleu import parse_buckets
 from fairseq_pe.s2l import s2l_split
 
-from helpers import SHARED_DATA, cli
+from helpers import cli, shared_data
 
 BINS = parse_buckets("80,100,120,140+")
 
@@ -110,10 +110,9 @@ def test_cli_refuses_an_empty_bin_and_misaligned_files(tmp_path):
     assert run.returncode != 0 and "corpus.en has 5 lines but" in run.stderr
 
 
+@pytest.mark.shared_data
 def test_cli_subword_unit_and_binarize_on_real_data(tmp_path):
-    base = os.path.join(SHARED_DATA, "mt", "en-de")
-    if not os.path.isdir(base):
-        pytest.skip("../shared/data is not available")
+    base = shared_data("mt", "en-de")
     d = tmp_path / "in"
     for name, path, n in [("tatoeba", "tatoeba/tatoeba-v2021-08-07", 300),
                           ("news2020", "wmt/newstest2020.de-en", 120)]:
@@ -138,3 +137,38 @@ def test_cli_subword_unit_and_binarize_on_real_data(tmp_path):
     assert stats["test_subsets"] == {"test": "test", "test-short": "test1"}
     for subset in ("train", "valid", "test", "test1"):
         assert (out / "data-bin" / f"{subset}.en-de.en.idx").exists()
+
+
+def one_error(run):
+    """Exit status 2 and one ``PROG: error: ...`` line, no traceback; returns that line."""
+    errors = [line for line in run.stderr.splitlines() if ": error: " in line]
+    assert run.returncode == 2 and len(errors) == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    return errors[0]
+
+
+def test_cli_never_writes_over_its_inputs_and_replaces_a_split_only_with_force(tmp_path):
+    sources, _ = fixture_corpus()
+    prefix = write_corpus(tmp_path / "in", sources, [s.upper() for s in sources], name="train")
+    corpus = {p.name: p.read_bytes() for p in (tmp_path / "in").iterdir()}
+    common = ["-s", "en", "-t", "de", "--unit", "word", "--valid-size", "10"]
+    # --out the corpus's folder: the split's train.en would replace the corpus train.en
+    err = one_error(cli("fairseq-pe-s2l-split", "--corpus", prefix, "--out", str(tmp_path / "in"), *common,
+                        check=False))
+    assert f"--out: would write over the input --corpus {prefix}." in err
+    # --out inside a --corpus-dir: the next run would read the split as a corpus
+    err = one_error(cli("fairseq-pe-s2l-split", "--corpus-dir", str(tmp_path / "in"), "--out",
+                        str(tmp_path / "in" / "split"), *common, check=False))
+    assert "is inside --corpus-dir" in err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "in").iterdir()} == corpus  # untouched
+
+    out = tmp_path / "out"
+    cli("fairseq-pe-s2l-split", "--corpus", prefix, "--out", str(out), *common)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    err = one_error(cli("fairseq-pe-s2l-split", "--corpus", prefix, "--out", str(out), *common, "--seed", "2",
+                        check=False))
+    assert "exist already (an earlier run's results): pass --force" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    cli("fairseq-pe-s2l-split", "--corpus", prefix, "--out", str(out), *common, "--seed", "2", "--force")
+    assert json.loads((out / "stats.json").read_text())["seed"] == 2
+    assert (out / "valid.en").read_bytes() != before["valid.en"]  # another draw of the held-back pairs
+    assert sorted(p.name for p in out.iterdir()) == sorted(before)  # no temporary file left

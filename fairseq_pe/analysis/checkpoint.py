@@ -19,6 +19,8 @@ from typing import List, Optional
 import torch
 from omegaconf import OmegaConf, open_dict
 
+from fairseq_pe.errors import UserError
+
 #: (embedding weight in the state dict, what it gives) for the models we know
 _EMBEDDINGS = {
     "translation": ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"),
@@ -26,7 +28,7 @@ _EMBEDDINGS = {
 }
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint that cannot be analysed; the message names the file and why."""
 
 

@@ -9,7 +9,6 @@ only keys up to the query: the others are NaN) and learned frequencies.  The def
 :mod:`fairseq_pe.analysis.properties` and in the README.
 """
 
-import json
 import logging
 import os
 import time
@@ -18,6 +17,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from fairseq_pe.errors import UserError
+from fairseq_pe.outputs import atomic_path, check_new_files, write_json, write_text
 from fairseq_pe.positional.injector import UNLIMITED_POSITIONS, PositionInjector
 
 from . import plots
@@ -34,8 +35,14 @@ DEFAULT_PROBE_LENGTH = 512
 DEFAULT_NUM_TOKENS = 100
 
 
-class AnalysisError(ValueError):
+class AnalysisError(UserError):
     """Bad options for a checkpoint; the message names the option."""
+
+
+#: every file :func:`write_checkpoint` may write into OUT/NAME/, and :func:`write_comparison` into OUT/
+CHECKPOINT_FILES = ("report.md", "scores.json", "matrices.npz", "absolute.png", "relative.png",
+                    "identical-word.png", "profiles.png", "frequencies.png", "probe.png")
+COMPARISON_FILES = ("properties.json", "properties.md", "identical-word.png", "absolute.png", "report.md")
 
 
 @dataclass
@@ -245,6 +252,10 @@ def write_checkpoint(a: Analysis, out_dir: str) -> Dict[str, str]:
         pictures[key] = os.path.join(out_dir, filename)
         return pictures[key]
 
+    def draw(fn, *args, path, **kwargs):  # each picture written atomically
+        with atomic_path(path) as tmp:
+            fn(*args, tmp, **kwargs)
+
     if s["absolute"]:
         blocks = sorted(s["absolute"], key=int)
         panels = []
@@ -252,38 +263,42 @@ def write_checkpoint(a: Analysis, out_dir: str) -> Dict[str, str]:
             label = f"block {b}, " if len(blocks) > 1 else ""
             panels.append((f"{label}dot product", a.matrices[f"absolute_dot_block{b}"]))
             panels.append((f"{label}cosine", a.matrices[f"absolute_cosine_block{b}"]))
-        plots.heatmap_grid(panels, picture("absolute", "absolute.png"),
-                           f"{a.name}: absolute position vectors, positions 0..{length - 1}")
+        draw(plots.heatmap_grid, panels, path=picture("absolute", "absolute.png"),
+             title=f"{a.name}: absolute position vectors, positions 0..{length - 1}")
         probe = [(f"block {b}" if len(blocks) > 1 else a.name, list(range(1, s["probe_length"], 2)),
                   s["absolute"][b]["probe"]["errors"]) for b in blocks]
-        plots.probe_plot(probe, picture("probe", "probe.png"))
+        draw(plots.probe_plot, probe, path=picture("probe", "probe.png"))
     if s["relative"]:
         first, last = s["relative"]["distances"]
         panels = [(f"a^{key.split('_')[1][0].upper()} block {key.rsplit('block', 1)[1]}", m)
                   for key, m in a.matrices.items() if key.startswith("relative_")]
-        plots.heatmap_grid(panels, picture("relative", "relative.png"),
-                           f"{a.name}: dot products of relative position vectors", ticks=(first, last),
-                           xlabel="distance", ylabel="distance")
+        draw(plots.heatmap_grid, panels, path=picture("relative", "relative.png"),
+             title=f"{a.name}: dot products of relative position vectors", ticks=(first, last),
+             xlabel="distance", ylabel="distance")
     heads = a.matrices["identical_word_heads"]
-    plots.heatmap_grid([("mean of heads", a.matrices["identical_word_mean"])]
-                       + [(f"head {h + 1}", m) for h, m in enumerate(heads)],
-                       picture("identical_word", "identical-word.png"),
-                       f"{a.name}: first-layer logits of identical-word sequences, "
-                       f"{s['num_tokens']} words", columns=5, xlabel="key position j",
-                       ylabel="query position i")
+    draw(plots.heatmap_grid, [("mean of heads", a.matrices["identical_word_mean"])]
+         + [(f"head {h + 1}", m) for h, m in enumerate(heads)],
+         path=picture("identical_word", "identical-word.png"),
+         title=f"{a.name}: first-layer logits of identical-word sequences, {s['num_tokens']} words", columns=5,
+         xlabel="key position j", ylabel="query position i")
     curves = [("identical-word logits (mean of heads)", a.matrices["identical_word_mean"])]
     if s["absolute"]:
         curves.insert(0, ("absolute vectors, dot product (block 1)", a.matrices["absolute_dot_block1"]))
-    plots.profile_plot(curves, picture("profiles", "profiles.png"), max_offset=min(64, length - 1), title=a.name)
+    draw(plots.profile_plot, curves, path=picture("profiles", "profiles.png"), max_offset=min(64, length - 1),
+         title=a.name)
     if s["frequencies"]:
-        plots.frequency_plot(s["frequencies"], picture("frequencies", "frequencies.png"))
+        draw(plots.frequency_plot, s["frequencies"], path=picture("frequencies", "frequencies.png"))
 
-    with open(os.path.join(out_dir, "scores.json"), "w") as f:
-        json.dump(s, f, indent=1)
-    np.savez_compressed(os.path.join(out_dir, "matrices.npz"),
-                        **{k: v.detach().numpy() for k, v in a.matrices.items()})
-    with open(os.path.join(out_dir, "report.md"), "w") as f:
-        f.write(checkpoint_markdown(a, {k: os.path.basename(p) for k, p in pictures.items()}))
+    write_json(os.path.join(out_dir, "scores.json"), s)
+    with atomic_path(os.path.join(out_dir, "matrices.npz")) as tmp:
+        np.savez_compressed(tmp, **{k: v.detach().numpy() for k, v in a.matrices.items()})
+    # pictures of an earlier run that this one does not draw (e.g. relative.png of another encoding)
+    for stale in set(CHECKPOINT_FILES) - {"report.md", "scores.json", "matrices.npz"} \
+            - {os.path.basename(p) for p in pictures.values()}:
+        if os.path.isfile(os.path.join(out_dir, stale)):
+            os.remove(os.path.join(out_dir, stale))
+    write_text(os.path.join(out_dir, "report.md"),
+               checkpoint_markdown(a, {k: os.path.basename(p) for k, p in pictures.items()}))
     return pictures
 
 
@@ -399,29 +414,28 @@ def write_comparison(analyses: Sequence[Analysis], out_dir: str) -> List[str]:
     """properties.json/.md, the comparison pictures and report.md of ``out_dir``; returns the files."""
     os.makedirs(out_dir, exist_ok=True)
     written = []
-    with open(os.path.join(out_dir, "properties.json"), "w") as f:
-        json.dump(summary_rows(analyses), f, indent=1)
+    write_json(os.path.join(out_dir, "properties.json"), summary_rows(analyses))
     table = summary_markdown(analyses)
-    with open(os.path.join(out_dir, "properties.md"), "w") as f:
-        f.write(table)
+    write_text(os.path.join(out_dir, "properties.md"), table)
     written += ["properties.json", "properties.md"]
-    plots.heatmap_grid([(a.name, a.matrices["identical_word_mean"]) for a in analyses],
-                       os.path.join(out_dir, "identical-word.png"),
-                       "identical-word probing: first-layer logits, mean of heads", columns=5,
-                       xlabel="key position j", ylabel="query position i")
+    with atomic_path(os.path.join(out_dir, "identical-word.png")) as tmp:
+        plots.heatmap_grid([(a.name, a.matrices["identical_word_mean"]) for a in analyses], tmp,
+                           "identical-word probing: first-layer logits, mean of heads", columns=5,
+                           xlabel="key position j", ylabel="query position i")
     written.append("identical-word.png")
     with_abs = [a for a in analyses if a.scores["absolute"]]
     if with_abs:
-        plots.heatmap_grid([(a.name, a.matrices["absolute_dot_block1"]) for a in with_abs],
-                           os.path.join(out_dir, "absolute.png"),
-                           "dot products of absolute position vectors (block 1)", columns=5)
+        with atomic_path(os.path.join(out_dir, "absolute.png")) as tmp:
+            plots.heatmap_grid([(a.name, a.matrices["absolute_dot_block1"]) for a in with_abs], tmp,
+                               "dot products of absolute position vectors (block 1)", columns=5)
         written.append("absolute.png")
+    elif os.path.isfile(os.path.join(out_dir, "absolute.png")):  # an earlier run's, of other checkpoints
+        os.remove(os.path.join(out_dir, "absolute.png"))
     lines = ["# Position analysis", "", table, "![identical-word](identical-word.png)", ""]
     if with_abs:
         lines += ["![absolute](absolute.png)", ""]
     lines += ["Per checkpoint: " + ", ".join(f"[{a.name}]({a.name}/report.md)" for a in analyses), ""]
-    with open(os.path.join(out_dir, "report.md"), "w") as f:
-        f.write("\n".join(lines))
+    write_text(os.path.join(out_dir, "report.md"), "\n".join(lines))
     written.append("report.md")
     return written
 
@@ -435,12 +449,8 @@ def default_names(paths: Sequence[str]) -> List[str]:
     return names
 
 
-def analyze_checkpoints(paths: Sequence[str], out_dir: str, names: Optional[Sequence[str]] = None,
-                        options: AnalysisOptions = AnalysisOptions()) -> List[Analysis]:
-    """The Python API of ``fairseq-pe-analyze``: analyse every checkpoint, write ``out_dir/NAME/``
-    for each and the comparison (``properties.md/json``, ``report.md``, pictures) in ``out_dir``."""
-    from .checkpoint import load_checkpoint
-
+def resolve_names(paths: Sequence[str], names: Optional[Sequence[str]] = None) -> List[str]:
+    """One valid folder name per checkpoint: ``names``, or :func:`default_names`."""
     if not paths:
         raise AnalysisError("give at least one CHECKPOINT")
     names = list(names) if names else default_names(paths)
@@ -452,6 +462,30 @@ def analyze_checkpoints(paths: Sequence[str], out_dir: str, names: Optional[Sequ
     if len(set(names)) != len(names):
         duplicated = sorted({n for n in names if names.count(n) > 1})
         raise AnalysisError(f"two checkpoints would be named {duplicated}: pass --names")
+    return names
+
+
+def planned_outputs(out_dir: str, names: Sequence[str]) -> List[str]:
+    """Every file an analysis of checkpoints ``names`` may write into ``out_dir``."""
+    return ([os.path.join(out_dir, f) for f in COMPARISON_FILES]
+            + [os.path.join(out_dir, n, f) for n in names for f in CHECKPOINT_FILES])
+
+
+def analyze_checkpoints(paths: Sequence[str], out_dir: str, names: Optional[Sequence[str]] = None,
+                        options: AnalysisOptions = AnalysisOptions(), force: bool = True) -> List[Analysis]:
+    """The Python API of ``fairseq-pe-analyze``: analyse every checkpoint, write ``out_dir/NAME/``
+    for each and the comparison (``properties.md/json``, ``report.md``, pictures) in ``out_dir``.
+
+    ``force=False`` refuses (before any work) to replace the files of an earlier analysis, as the
+    command does without ``--force``; no output is ever written over a checkpoint analysed."""
+    from .checkpoint import CheckpointError, load_checkpoint
+
+    names = resolve_names(paths, names)
+    for path in paths:
+        if not os.path.isfile(path):
+            raise CheckpointError(f"{path}: no such file")
+    check_new_files(planned_outputs(out_dir, names), force, flag="--out", where=out_dir,
+                    inputs=[("CHECKPOINT", p) for p in paths])
     if len(paths) > 1 and (options.length is not None or options.probe_length is not None
                            or options.num_tokens is not None or options.side != "encoder"):
         # explicit options can fail for one checkpoint: find out before analysing any

@@ -71,11 +71,15 @@ sets (fairseq raises) and fairseq-train skips them in the training set with a wa
 ``--shorten-method truncate`` there if truncation is what you want.
 
 ``--limit N`` keeps the first N examples of every split (tests and demos).
+
+``DESTDIR/TASK`` and ``DESTDIR/TASK-bin`` are built in hidden ``.part`` folders that replace them
+only when complete (``TASK-bin/task.json`` written last).  Folders of an earlier run are replaced
+only with ``--force``; a folder not written by this tool (no ``task.json``), or one holding an
+input (``--dict``, ``--spm-model``, the GLUE files), is never replaced.
 """
 
 import argparse
 import csv
-import json
 import logging
 import os
 import shutil
@@ -84,10 +88,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from fairseq_pe.errors import UserError, cli
+from fairseq_pe.outputs import write_json
+
 SPLITS = ("train", "valid", "test")
 
 
-class GlueError(Exception):
+class GlueError(UserError):
     """Bad input: the message names the file and line, or the flag."""
 
 
@@ -527,13 +534,10 @@ def prepare_task(spec: TaskSpec, args: argparse.Namespace, sp, d) -> dict:
         if data[split][0].label is None:
             raise GlueError(f"{sources[split]}: the {split} split has no labels")
 
-    text_dir = os.path.join(args.destdir, spec.name)
-    bin_dir = os.path.join(args.destdir, spec.name + "-bin")
-    for p in (text_dir, bin_dir):
-        if os.path.exists(p):
-            if not os.path.isfile(os.path.join(bin_dir, "task.json")) and os.listdir(p):
-                raise GlueError(f"--destdir: {p} exists and was not written by fairseq-pe-prepare-glue "
-                                "(no task.json); remove it or choose another --destdir")
+    final_text_dir, final_bin_dir = check_task_folders(spec, args)
+    # built in hidden .part folders, which replace the final ones when complete
+    text_dir, bin_dir = (os.path.join(args.destdir, f".{os.path.basename(p)}.part")
+                         for p in (final_text_dir, final_bin_dir))
     for p in (text_dir, bin_dir):
         shutil.rmtree(p, ignore_errors=True)
         os.makedirs(p)
@@ -625,12 +629,45 @@ def prepare_task(spec: TaskSpec, args: argparse.Namespace, sp, d) -> dict:
         "fairseq_train_args": recommended_args(spec, args.max_positions),
         "roberta_recipe": spec.recipe,
     }
-    with open(os.path.join(bin_dir, "task.json"), "w", encoding="utf-8") as f:
-        json.dump(info, f, indent=1)
-        f.write("\n")
+    write_json(os.path.join(bin_dir, "task.json"), info)
+    # TASK-bin (with task.json) first: an interruption between the two leaves folders known as this tool's
+    for part, final in ((bin_dir, final_bin_dir), (text_dir, final_text_dir)):
+        shutil.rmtree(final, ignore_errors=True)  # checked above: an earlier run's, and --force
+        os.rename(part, final)
     log(f"  classes: {spec.num_classes}{' (regression: --regression-target, scores / 5)' if spec.regression else ' ' + str(list(spec.labels))}; "
-        f"wrote {bin_dir}")
+        f"wrote {final_bin_dir}")
     return info
+
+
+def _inside(path: str, folder: str) -> bool:
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def check_task_folders(spec: TaskSpec, args: argparse.Namespace) -> Tuple[str, str]:
+    """``DESTDIR/TASK`` and ``DESTDIR/TASK-bin``, which this run replaces: never a folder that holds
+    an input or that this tool did not write, and an earlier run's only with ``--force``."""
+    text_dir = os.path.join(args.destdir, spec.name)
+    bin_dir = os.path.join(args.destdir, spec.name + "-bin")
+    inputs = [("--glue-dir", args.glue_dir), ("--glue-dir", os.path.join(args.glue_dir, spec.name)),
+              ("--spm-model", args.spm_model), ("--dict", args.dict)]
+    if args.mrpc_dev_ids:
+        inputs.append(("--mrpc-dev-ids", args.mrpc_dev_ids))
+    for p in (text_dir, bin_dir):
+        for flag, path in inputs:
+            if _inside(path, p):
+                raise GlueError(f"--destdir {args.destdir}: {p} would replace the input {flag} {path}; "
+                                "choose another --destdir")
+    ours = os.path.isfile(os.path.join(bin_dir, "task.json"))
+    for p in (text_dir, bin_dir):
+        if os.path.exists(p) and (not os.path.isdir(p) or os.listdir(p)):
+            if not ours:
+                raise GlueError(f"--destdir: {p} exists and was not written by fairseq-pe-prepare-glue "
+                                "(no task.json); remove it or choose another --destdir")
+            if not args.force:
+                raise GlueError(f"--destdir: {p} holds an earlier run's {spec.name} data: pass --force to "
+                                "replace it, or choose another --destdir")
+    return text_dir, bin_dir
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -649,6 +686,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help=f"MRPC training pairs held out as valid when there is no dev file (default {MRPC_DEV_SIZE})")
     p.add_argument("--mrpc-dev-seed", type=int, default=1, help="seed of the MRPC hold-out permutation (default 1)")
     p.add_argument("--mrpc-dev-ids", default=None, help="GLUE's mrpc_dev_ids.tsv: hold out exactly these pairs")
+    p.add_argument("--force", action="store_true",
+                   help="replace the DESTDIR/TASK and DESTDIR/TASK-bin folders of an earlier run")
     args = p.parse_args(argv)
     if args.max_positions < 3:
         p.error("--max-positions must be at least 3")
@@ -667,8 +706,17 @@ def prepare(args: argparse.Namespace) -> Dict[str, dict]:
     d = load_dictionary(args.dict)
     check_dict_matches_spm(d, sp, args.dict, args.spm_model)
     log(f"sentencepiece {args.spm_model} ({sp.get_piece_size():,} pieces); dictionary {args.dict} ({len(d):,} symbols)")
+    for spec in specs:  # every task's folders checked before any is written
+        check_task_folders(spec, args)
     os.makedirs(args.destdir, exist_ok=True)
-    out = {spec.name: prepare_task(spec, args, sp, d) for spec in specs}
+    out = {}
+    for spec in specs:
+        try:
+            out[spec.name] = prepare_task(spec, args, sp, d)
+        except BaseException:  # a failed or interrupted task leaves no half folder behind
+            for name in (spec.name, spec.name + "-bin"):
+                shutil.rmtree(os.path.join(args.destdir, f".{name}.part"), ignore_errors=True)
+            raise
     log("\nsummary")
     for name, info in out.items():
         sizes = ", ".join(f"{s} {n:,}" for s, n in info["splits"].items())
@@ -679,13 +727,10 @@ def prepare(args: argparse.Namespace) -> Dict[str, dict]:
     return out
 
 
+@cli
 def main(argv: Optional[List[str]] = None) -> int:
-    args = parse_args(argv)
-    try:
-        prepare(args)
-    except GlueError as e:
-        print(f"fairseq-pe-prepare-glue: error: {e}", file=sys.stderr)
-        return 2
+    """A :class:`GlueError` ends as ``fairseq-pe-prepare-glue: error: ...``, status 2."""
+    prepare(parse_args(argv))
     return 0
 
 

@@ -19,6 +19,10 @@ between paragraphs that were separated by empty lines.
    ``DEST/{train,valid}.{bin,idx}``.
 
 No line is dropped or cut: every non-empty input line is in train or valid (counts printed).
+
+Every file is written atomically, the binarised ``train.{bin,idx}`` last.  The files of an earlier
+run in ``--destdir`` are replaced only with ``--force``; ``--destdir`` can never be inside an
+``--input`` folder (its text files would be read as input by the next run), nor be an input.
 """
 
 import argparse
@@ -31,12 +35,18 @@ import sys
 import time
 from typing import Iterator, List, Optional
 
+from fairseq_pe.errors import UserError, cli
+from fairseq_pe.outputs import atomic_open, atomic_path, check_new_files, check_not_inputs, same_file
+
 TEXT_SUFFIXES = (".txt", ".raw")
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: the files and folders written into --destdir
+OUTPUTS = ("raw", "spm", "spm.model", "spm.vocab", "dict.txt", "train.bin", "train.idx", "valid.bin", "valid.idx",
+           "preprocess.stdout", "preprocess.log")
 
 
-class PrepError(Exception):
-    pass
+class PrepError(UserError):
+    """A mistake in the inputs or options; the message names it."""
 
 
 def log(msg: str) -> None:
@@ -88,8 +98,9 @@ def split(files: List[str], destdir: str, valid_percent: float) -> dict:
     raw = os.path.join(destdir, "raw")
     os.makedirs(raw, exist_ok=True)
     counts = {"train": [0, 0], "valid": [0, 0]}  # paragraphs, lines
-    outs = {s: open(os.path.join(raw, f"{s}.txt"), "w", encoding="utf-8") for s in counts}
-    try:
+    with atomic_open(os.path.join(raw, "train.txt"), newline="\n") as train, \
+            atomic_open(os.path.join(raw, "valid.txt"), newline="\n") as valid:
+        outs = {"train": train, "valid": valid}
         for path in files:
             for block in paragraphs(path):
                 name = "valid" if in_valid(block, valid_percent) else "train"
@@ -99,9 +110,6 @@ def split(files: List[str], destdir: str, valid_percent: float) -> dict:
                 out.write("\n".join(block) + "\n")
                 counts[name][0] += 1
                 counts[name][1] += len(block)
-    finally:
-        for f in outs.values():
-            f.close()
     for name, (n_par, n_lines) in counts.items():
         if n_lines == 0:
             raise PrepError(f"the {name} split is empty: give more text or change --valid-percent")
@@ -113,26 +121,41 @@ def train_sentencepiece(destdir: str, vocab_size: int, input_sentence_size: int,
     import sentencepiece as spm
 
     prefix = os.path.join(destdir, "spm")
+    part = prefix + ".part"  # renamed when complete
     try:
         spm.SentencePieceTrainer.train(
-            input=os.path.join(destdir, "raw", "train.txt"), model_prefix=prefix, vocab_size=vocab_size,
+            input=os.path.join(destdir, "raw", "train.txt"), model_prefix=part, vocab_size=vocab_size,
             model_type="unigram", character_coverage=1.0, input_sentence_size=input_sentence_size,
             shuffle_input_sentence=True, num_threads=workers, bos_id=-1, eos_id=-1, unk_id=0, pad_id=-1,
             max_sentence_length=1 << 20, minloglevel=1,
         )
-    except RuntimeError as e:
-        raise PrepError(f"sentencepiece failed ({e}); try a smaller --vocab-size") from None
+    except BaseException as e:
+        for ext in (".model", ".vocab"):
+            if os.path.exists(part + ext):
+                os.remove(part + ext)
+        if isinstance(e, RuntimeError):
+            raise PrepError(f"sentencepiece failed ({e}); try a smaller --vocab-size") from None
+        raise
+    os.replace(part + ".vocab", prefix + ".vocab")
+    os.replace(part + ".model", prefix + ".model")
     return prefix + ".model"
+
+
+def load_spm(model_path: str):
+    import sentencepiece as spm
+
+    try:
+        return spm.SentencePieceProcessor(model_file=model_path)
+    except (OSError, RuntimeError) as e:
+        raise PrepError(f"--spm-model {model_path}: not a sentencepiece model ({e})") from None
 
 
 def write_dictionary(model_path: str, dict_path: str) -> int:
     """Step 3: every piece of the model except its specials, in fairseq's ``dict.txt`` format."""
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=model_path)
+    sp = load_spm(model_path)
     pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())
               if not (sp.is_unknown(i) or sp.is_control(i))]
-    with open(dict_path, "w", encoding="utf-8") as f:
+    with atomic_open(dict_path, newline="\n") as f:
         for piece in pieces:
             f.write(f"{piece} 1\n")
     return len(pieces)
@@ -143,7 +166,7 @@ def encode(model_path: str, src: str, dst: str) -> int:
 
     sp = spm.SentencePieceProcessor(model_file=model_path)
     n = 0
-    with open(src, encoding="utf-8") as fin, open(dst, "w", encoding="utf-8") as fout:
+    with open(src, encoding="utf-8") as fin, atomic_open(dst, newline="\n") as fout:
         for line in fin:
             line = line.rstrip("\n")
             fout.write((" ".join(sp.encode(line, out_type=str)) if line else "") + "\n")
@@ -156,18 +179,23 @@ def binarise(destdir: str, workers: int) -> None:
     if exe is None:
         raise PrepError("fairseq-preprocess not found on PATH: install fairseq (scripts/install.sh)")
     spm_dir = os.path.join(destdir, "spm")
+    part = os.path.join(destdir, ".bin.part")  # fairseq-preprocess writes here; moved into DEST when done
+    shutil.rmtree(part, ignore_errors=True)
     cmd = [exe, "--only-source", "--srcdict", os.path.join(destdir, "dict.txt"),
            "--trainpref", os.path.join(spm_dir, "train"), "--validpref", os.path.join(spm_dir, "valid"),
-           "--destdir", destdir, "--workers", str(workers)]
-    for name in ("train.bin", "train.idx", "valid.bin", "valid.idx", "preprocess.log"):
-        if os.path.exists(os.path.join(destdir, name)):
-            os.remove(os.path.join(destdir, name))
+           "--destdir", part, "--workers", str(workers)]
     log(f"running {shlex.join(cmd)}")
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    with open(os.path.join(destdir, "preprocess.stdout"), "w") as f:
+    with atomic_open(os.path.join(destdir, "preprocess.stdout")) as f:
         f.write(proc.stdout)
     if proc.returncode != 0:
+        shutil.rmtree(part, ignore_errors=True)
         raise PrepError(f"fairseq-preprocess failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
+    if os.path.exists(os.path.join(part, "preprocess.log")):
+        os.replace(os.path.join(part, "preprocess.log"), os.path.join(destdir, "preprocess.log"))
+    for name in ("valid.idx", "valid.bin", "train.idx", "train.bin"):  # train.bin last: what a recipe checks
+        os.replace(os.path.join(part, name), os.path.join(destdir, name))
+    shutil.rmtree(part, ignore_errors=True)
     for line in proc.stdout.splitlines():
         if "replaced by <unk>" in line:
             log(f"  {line.split('|')[-1].strip()}")
@@ -187,6 +215,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--spm-model", default=None,
                    help="use this sentencepiece model instead of learning one (it is copied to DEST/spm.model)")
     p.add_argument("--workers", type=int, default=max(1, min(os.cpu_count() or 1, 16)))
+    p.add_argument("--force", action="store_true", help="replace the files of an earlier run in --destdir")
     args = p.parse_args(argv)
     if not 0 < args.valid_percent < 100:
         p.error("--valid-percent must be in (0, 100)")
@@ -195,10 +224,52 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
+def _inside(path: str, folder: str) -> bool:
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def check_outputs(args: argparse.Namespace, files: List[str]):
+    """``--destdir`` is no input, lies in no ``--input`` folder, and its files of an earlier run
+    are replaced only with ``--force``."""
+    dest = os.path.abspath(args.destdir)
+    for path in args.input:
+        if os.path.isdir(path) and _inside(dest, path):
+            raise PrepError(f"--destdir {args.destdir} is inside --input {path}: its text files would be read as "
+                            "input by the next run; choose another --destdir")
+    inputs = [("--input", f) for f in files] + ([("--spm-model", args.spm_model)] if args.spm_model else [])
+    outputs = [os.path.join(dest, name) for name in OUTPUTS]
+    model = os.path.join(dest, "spm.model")
+    if args.spm_model and os.path.exists(model) and same_file(args.spm_model, model):
+        outputs = [p for p in outputs if os.path.basename(p) not in ("spm.model", "spm.vocab")]  # used as it is
+    for label, path in inputs:
+        for folder in ("raw", "spm"):
+            if _inside(path, os.path.join(dest, folder)):
+                raise PrepError(f"--destdir {args.destdir}: {folder}/ would be rewritten, and it holds the input "
+                                f"{label} {path}; choose another --destdir")
+    check_not_inputs(outputs, inputs, flag="--destdir")
+    check_new_files(outputs, args.force, flag="--destdir", where=args.destdir)
+
+
 def prepare(args: argparse.Namespace) -> None:
     dest = os.path.abspath(args.destdir)
-    os.makedirs(dest, exist_ok=True)
     files = input_files(args.input)
+    check_outputs(args, files)
+    created = [os.path.join(dest, name) for name in OUTPUTS if not os.path.exists(os.path.join(dest, name))]
+    try:
+        _prepare(args, dest, files)
+    except BaseException:  # a failed or interrupted run leaves none of the files and folders it created
+        for path in created:
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.exists(path):
+                os.remove(path)
+        shutil.rmtree(os.path.join(dest, ".bin.part"), ignore_errors=True)
+        raise
+
+
+def _prepare(args: argparse.Namespace, dest: str, files: List[str]) -> None:
+    os.makedirs(dest, exist_ok=True)
     log(f"{len(files)} input files -> {dest}")
     counts = split(files, dest, args.valid_percent)
     for name, (n_par, n_lines) in counts.items():
@@ -207,8 +278,10 @@ def prepare(args: argparse.Namespace) -> None:
     if args.spm_model:
         if not os.path.isfile(args.spm_model):
             raise PrepError(f"--spm-model {args.spm_model}: no such file")
-        if os.path.abspath(args.spm_model) != model:
-            shutil.copyfile(args.spm_model, model)
+        load_spm(args.spm_model)  # a file that is no sentencepiece model: named as given, before any copy
+        if not (os.path.exists(model) and same_file(args.spm_model, model)):
+            with atomic_path(model) as tmp:
+                shutil.copyfile(args.spm_model, tmp)
     else:
         log(f"learning sentencepiece ({args.vocab_size} pieces) on the train split")
         train_sentencepiece(dest, args.vocab_size, args.spm_input_sentence_size, args.workers)
@@ -227,13 +300,10 @@ def prepare(args: argparse.Namespace) -> None:
           "--max-update 1000000 --batch-size 256 --save-dir checkpoints/bert128", flush=True)
 
 
+@cli
 def main(argv: Optional[List[str]] = None) -> int:
-    args = parse_args(argv)
-    try:
-        prepare(args)
-    except PrepError as e:
-        print(f"fairseq-pe-prepare-mono: error: {e}", file=sys.stderr, flush=True)
-        return 1
+    """A :class:`PrepError` ends as ``fairseq-pe-prepare-mono: error: ...``, status 2."""
+    prepare(parse_args(argv))
     return 0
 
 

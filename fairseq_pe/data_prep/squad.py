@@ -53,7 +53,9 @@ Outputs: ``DEST/input0/{SPLIT}.{bin,idx}`` (fairseq ``mmap`` indexed dataset, as
 ``fairseq-preprocess`` writes), ``DEST/input0/dict.txt``, ``DEST/SPLIT.spans``,
 ``DEST/SPLIT.features.jsonl`` and ``DEST/prepare.json`` (options and counts).  Every split's counts
 are printed: questions, impossible ones, features, windows per question, answers not wholly inside
-any window, answers not on piece boundaries, pieces that the dictionary maps to ``<unk>``.
+any window, answers not on piece boundaries, pieces that the dictionary maps to ``<unk>``.  Every
+file is written atomically, ``prepare.json`` last (it says the run is complete); the files of an
+earlier run are replaced only with ``--force``, and never an input.
 """
 
 import argparse
@@ -66,6 +68,9 @@ import sys
 from collections import Counter
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+from fairseq_pe.errors import UserError, cli
+from fairseq_pe.outputs import atomic_path, check_new_files, same_file, write_json
+
 SPLITS = ("train", "valid", "test")
 N_SPECIAL = 4  # <s> q </s> </s> c </s>
 UNK_FRACTION_LIMIT = 0.10
@@ -76,7 +81,7 @@ STAT_KEYS = ("questions", "impossible questions", "features", "features labelled
              "question pieces", "question pieces -> <unk>", "longest question (pieces)")
 
 
-class SquadPrepError(ValueError):
+class SquadPrepError(UserError):
     """Bad input: the message names the flag or the file."""
 
 
@@ -371,6 +376,7 @@ def prepare_split(name: str, path: str, args: argparse.Namespace, version: str, 
         results = map(process_paragraph, paragraphs)
 
     builder = indexed_dataset.make_builder(bin_path + ".tmp", impl="mmap", vocab_size=len(dictionary))
+    done = False
     try:
         with open(spans_path + ".tmp", "w", encoding="utf-8") as spans_f, \
                 open(meta_path + ".tmp", "w", encoding="utf-8") as meta_f:
@@ -388,25 +394,27 @@ def prepare_split(name: str, path: str, args: argparse.Namespace, version: str, 
                     builder.add_item(torch.IntTensor(tokens))
                     spans_f.write(f"{start} {end}\n")
                     meta_f.write(meta + "\n")
+        if too_long:
+            too_long.sort(key=lambda x: -x[1])
+            shown = ", ".join(f"{q} ({n})" for q, n in too_long[:10])
+            raise SquadPrepError(
+                f"{path}: {len(too_long)} question(s) have more than --max-query-length {args.max_query_length} "
+                f"pieces (longest {too_long[0][1]}): {shown}{' ...' if len(too_long) > 10 else ''}. Questions are "
+                f"never truncated: raise --max-query-length to at least {too_long[0][1]} (at most --max-length - "
+                f"{N_SPECIAL + 1} = {args.max_length - N_SPECIAL - 1})")
+        builder.finalize(idx_path + ".tmp")
+        # the split's four files replace an earlier run's together, at the end
+        for p in (bin_path, idx_path, spans_path, meta_path):
+            os.replace(p + ".tmp", p)
+        done = True
     finally:
         if pool is not None:
             pool.close()
             pool.join()
-    if too_long:
-        too_long.sort(key=lambda x: -x[1])
-        shown = ", ".join(f"{q} ({n})" for q, n in too_long[:10])
-        for p in (bin_path, spans_path, meta_path):
-            if os.path.exists(p + ".tmp"):
-                os.remove(p + ".tmp")
-        raise SquadPrepError(
-            f"{path}: {len(too_long)} question(s) have more than --max-query-length {args.max_query_length} "
-            f"pieces (longest {too_long[0][1]}): {shown}{' ...' if len(too_long) > 10 else ''}. Questions are "
-            f"never truncated: raise --max-query-length to at least {too_long[0][1]} (at most --max-length - "
-            f"{N_SPECIAL + 1} = {args.max_length - N_SPECIAL - 1})")
-    builder.finalize(idx_path)
-    os.replace(bin_path + ".tmp", bin_path)
-    os.replace(spans_path + ".tmp", spans_path)
-    os.replace(meta_path + ".tmp", meta_path)
+        if not done:  # an error or an interruption: no half split is left behind
+            for p in (bin_path, idx_path, spans_path, meta_path):
+                if os.path.exists(p + ".tmp"):
+                    os.remove(p + ".tmp")
 
     n_unk = stats["context pieces -> <unk>"] + stats["question pieces -> <unk>"]
     n_pieces = stats["context pieces"] + stats["question pieces"]
@@ -458,6 +466,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--version", choices=("auto", "1.1", "2.0"), default="auto",
                    help="SQuAD version; auto: 2.0 if a file has is_impossible questions")
     p.add_argument("--workers", type=int, default=1, help="processes for tokenisation")
+    p.add_argument("--force", action="store_true", help="replace the files of an earlier run in --destdir")
     args = p.parse_args(argv)
     if not any(getattr(args, s) for s in SPLITS):
         p.error("give at least one of --train, --valid, --test")
@@ -473,43 +482,71 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
+def output_files(args: argparse.Namespace, splits: Sequence[str]) -> List[str]:
+    """Every file this run writes into ``--destdir``."""
+    d = args.destdir
+    out = [os.path.join(d, "input0", "dict.txt"), os.path.join(d, "prepare.json")]
+    for name in splits:
+        out += [os.path.join(d, "input0", f"{name}.bin"), os.path.join(d, "input0", f"{name}.idx"),
+                os.path.join(d, f"{name}.spans"), os.path.join(d, f"{name}.features.jsonl")]
+    return out
+
+
+@cli
 def main(argv: Optional[List[str]] = None) -> int:
+    """A :class:`SquadPrepError` ends as ``fairseq-pe-prepare-squad: error: ...``, status 2."""
     args = parse_args(argv)
     from fairseq.data import Dictionary
 
     try:
         dictionary = Dictionary.load(args.dict)
     except Exception as e:  # noqa: BLE001
-        print(f"error: --dict {args.dict} is not a fairseq dictionary: {e}", file=sys.stderr)
-        return 2
+        raise SquadPrepError(f"--dict {args.dict} is not a fairseq dictionary: {e}") from None
     splits = [(s, getattr(args, s)) for s in SPLITS if getattr(args, s)]
-    versions = {}
+    dict_out = os.path.join(args.destdir, "input0", "dict.txt")
+    reused_dict = os.path.exists(dict_out) and same_file(args.dict, dict_out)  # --dict is DEST's own: kept as is
+    outputs = [p for p in output_files(args, [n for n, _ in splits]) if not (reused_dict and p == dict_out)]
+    check_new_files(outputs, args.force, flag="--destdir", where=args.destdir,
+                    inputs=[(f"--{n}", p) for n, p in splits] + [("--spm-model", args.spm_model),
+                                                                 ("--dict", args.dict)])
+    created = [p for p in outputs if not os.path.exists(p)]
     try:
-        for name, path in splits:
-            versions[name] = detect_version(load_squad(path))
-        version = args.version
-        if version == "auto":
-            version = "2.0" if "2.0" in versions.values() else "1.1"
-        log(f"SQuAD version {version} ({'given' if args.version != 'auto' else 'detected'}); dictionary "
-            f"{args.dict}: {len(dictionary)} types; max length {args.max_length}, doc stride {args.doc_stride}, "
-            f"max query length {args.max_query_length}")
-        os.makedirs(os.path.join(args.destdir, "input0"), exist_ok=True)
-        shutil.copyfile(args.dict, os.path.join(args.destdir, "input0", "dict.txt"))
-        report = {"version": version, "max_length": args.max_length, "doc_stride": args.doc_stride,
-                  "max_query_length": args.max_query_length, "spm_model": os.path.abspath(args.spm_model),
-                  "dict": os.path.abspath(args.dict), "layout": "<s> question </s> </s> context </s>",
-                  "splits": {}}
-        for name, path in splits:
-            stats = prepare_split(name, path, args, version, dictionary)
-            log(format_stats(name, path, stats))
-            report["splits"][name] = {"json": os.path.abspath(path), **{k: v for k, v in stats.items()}}
-    except SquadPrepError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    with open(os.path.join(args.destdir, "prepare.json"), "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=1)
-    log(f"done: {args.destdir} (input0/SPLIT.{{bin,idx}}, SPLIT.spans, SPLIT.features.jsonl, prepare.json)")
+        _prepare(args, splits, dictionary, dict_out, reused_dict)
+    except BaseException:  # a failed or interrupted run leaves none of the files it created
+        for p in created:
+            if os.path.isfile(p):
+                os.remove(p)
+        raise
     return 0
+
+
+def _prepare(args: argparse.Namespace, splits, dictionary, dict_out: str, reused_dict: bool):
+    versions = {}
+    for name, path in splits:
+        versions[name] = detect_version(load_squad(path))
+    version = args.version
+    if version == "auto":
+        version = "2.0" if "2.0" in versions.values() else "1.1"
+    log(f"SQuAD version {version} ({'given' if args.version != 'auto' else 'detected'}); dictionary "
+        f"{args.dict}: {len(dictionary)} types; max length {args.max_length}, doc stride {args.doc_stride}, "
+        f"max query length {args.max_query_length}")
+    os.makedirs(os.path.join(args.destdir, "input0"), exist_ok=True)
+    report_path = os.path.join(args.destdir, "prepare.json")
+    if os.path.exists(report_path):  # --force: until this run is complete, DEST is not a finished one
+        os.remove(report_path)
+    if not reused_dict:
+        with atomic_path(dict_out) as tmp:
+            shutil.copyfile(args.dict, tmp)
+    report = {"version": version, "max_length": args.max_length, "doc_stride": args.doc_stride,
+              "max_query_length": args.max_query_length, "spm_model": os.path.abspath(args.spm_model),
+              "dict": os.path.abspath(args.dict), "layout": "<s> question </s> </s> context </s>",
+              "splits": {}}
+    for name, path in splits:
+        stats = prepare_split(name, path, args, version, dictionary)
+        log(format_stats(name, path, stats))
+        report["splits"][name] = {"json": os.path.abspath(path), **{k: v for k, v in stats.items()}}
+    write_json(report_path, report)
+    log(f"done: {args.destdir} (input0/SPLIT.{{bin,idx}}, SPLIT.spans, SPLIT.features.jsonl, prepare.json)")
 
 
 if __name__ == "__main__":

@@ -60,6 +60,12 @@ changed, or whose outputs are gone, is redone, and so is every step after it):
    ``WORKDIR/preprocess.log``).
 
 The end prints a summary and the ``fairseq-train`` command to run next.
+
+Redoing a done step because its options changed would replace its outputs and every later step's
+(``data-bin`` and the sentencepiece model a trained model depends on): that needs ``--force``; the
+options that changed are named.  A ``--workdir`` whose ``raw/``, ``spm/`` or ``data-bin/`` were not
+written by this tool (no ``WORKDIR/.done``) is refused.  Every file is written atomically (a
+``.part`` file or folder renamed when complete).
 """
 
 import argparse
@@ -81,6 +87,8 @@ from dataclasses import dataclass
 from itertools import zip_longest
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from fairseq_pe.errors import UserError, cli
+
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAIRS = ("en-de", "en-fr")
 STEPS = ("fetch", "clean", "spm", "binarise")
@@ -88,8 +96,8 @@ DOWNLOAD_TIMEOUT = 30  # seconds, one try per file
 MAX_WORD_CHARS = 1000  # clean-corpus-n.perl's -max-word-length default
 
 
-class PrepError(Exception):
-    """A failure the user can act on; ``main`` prints it and exits non-zero."""
+class PrepError(UserError):
+    """A failure the user can act on: ``fairseq-pe-prepare-wmt14: error: ...``, exit status 2."""
 
 
 def log(msg: str):
@@ -495,16 +503,24 @@ def train_spm(inputs: Sequence[str], prefix: str, vocab_size: int, input_sentenc
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
     log(f"training a {vocab_size:,}-piece unigram sentencepiece model on {' + '.join(inputs)} "
         f"(sampling at most {input_sentence_size:,} sentences; tens of minutes on the full corpus)")
+    part = prefix + ".part"  # renamed when complete
     try:
         spm.SentencePieceTrainer.train(
-            input=",".join(inputs), model_prefix=prefix, vocab_size=vocab_size, model_type="unigram",
+            input=",".join(inputs), model_prefix=part, vocab_size=vocab_size, model_type="unigram",
             character_coverage=1.0, input_sentence_size=input_sentence_size, shuffle_input_sentence=True,
             num_threads=max(1, threads), minloglevel=1)
-    except RuntimeError as e:
+    except BaseException as e:
+        for ext in (".model", ".vocab"):
+            if os.path.exists(part + ext):
+                os.remove(part + ext)
+        if not isinstance(e, RuntimeError):
+            raise
         if "vocab" in str(e).lower():
             raise PrepError(f"sentencepiece cannot learn {vocab_size} pieces from this training corpus ({e}); "
                             f"pass a smaller --spm-vocab-size") from None
         raise PrepError(f"sentencepiece training failed: {e}") from None
+    os.replace(part + ".vocab", prefix + ".vocab")
+    os.replace(part + ".model", prefix + ".model")
     return prefix + ".model"
 
 
@@ -546,31 +562,36 @@ def sentencepiece_step(pair: str, workdir: str, vocab_size: int, input_sentence_
 # step 4: fairseq-preprocess
 
 
-def preprocess_command(pair: str, workdir: str, workers: int) -> List[str]:
+def preprocess_command(pair: str, workdir: str, workers: int, destdir: Optional[str] = None) -> List[str]:
     src, tgt = pair.split("-")
     spm_dir = os.path.join(workdir, "spm")
     exe = shutil.which("fairseq-preprocess")
     cmd = [exe] if exe else [sys.executable, "-m", "fairseq_cli.preprocess"]
     return cmd + ["--source-lang", src, "--target-lang", tgt, "--joined-dictionary",
                   "--trainpref", os.path.join(spm_dir, "train"), "--validpref", os.path.join(spm_dir, "valid"),
-                  "--testpref", os.path.join(spm_dir, "test"), "--destdir", os.path.join(workdir, "data-bin"),
-                  "--workers", str(workers)]
+                  "--testpref", os.path.join(spm_dir, "test"),
+                  "--destdir", destdir or os.path.join(workdir, "data-bin"), "--workers", str(workers)]
 
 
 def binarise(pair: str, workdir: str, workers: int) -> str:
-    """Step 4: ``fairseq-preprocess`` into ``WORKDIR/data-bin``, logged to ``WORKDIR/preprocess.log``."""
+    """Step 4: ``fairseq-preprocess`` into ``WORKDIR/data-bin`` (built as ``WORKDIR/.data-bin.part``,
+    renamed when complete), logged to ``WORKDIR/preprocess.log``."""
     dest = os.path.join(workdir, "data-bin")
-    if os.path.isdir(dest):
-        shutil.rmtree(dest)  # fairseq-preprocess refuses to overwrite a dictionary
-    cmd = preprocess_command(pair, workdir, workers)
+    part = os.path.join(workdir, ".data-bin.part")
+    shutil.rmtree(part, ignore_errors=True)  # fairseq-preprocess refuses to overwrite a dictionary
+    cmd = preprocess_command(pair, workdir, workers, destdir=part)
     log_path = os.path.join(workdir, "preprocess.log")
     log(f"running {shlex.join(cmd)} (log: {log_path})")
     with open(log_path, "w") as f:
         rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
     if rc != 0:
+        shutil.rmtree(part, ignore_errors=True)
         with open(log_path, errors="replace") as f:
             tail = "".join(f.readlines()[-30:])
         raise PrepError(f"fairseq-preprocess failed (exit {rc}); the end of {log_path}:\n{tail}")
+    if os.path.isdir(dest):
+        shutil.rmtree(dest)  # this step's own earlier output (redone: see check_workdir)
+    os.rename(part, dest)
     return dest
 
 
@@ -638,6 +659,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="threads/processes for sentencepiece and fairseq-preprocess (default: CPUs, at most 16)")
     p.add_argument("--max-len", type=int, default=250, help="drop training pairs with more words on a side")
     p.add_argument("--ratio", type=float, default=1.5, help="drop training pairs with a larger word-count ratio")
+    p.add_argument("--force", action="store_true",
+                   help="redo the steps whose options changed (replacing their outputs and every later step's)")
     args = p.parse_args(argv)
     if args.spm_vocab_size < 10:
         p.error("--spm-vocab-size must be at least 10")
@@ -646,29 +669,69 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
+def step_configs(args: argparse.Namespace, raw_dir: Optional[str]) -> Dict[str, dict]:
+    """The options each step depends on (a step whose options changed is redone)."""
+    return {"fetch": {"pair": args.pair, "raw_dir": raw_dir},
+            "clean": {"pair": args.pair, "max_len": args.max_len, "ratio": args.ratio},
+            "spm": {"pair": args.pair, "vocab_size": args.spm_vocab_size,
+                    "input_sentence_size": args.spm_input_sentence_size},
+            "binarise": {"pair": args.pair}}
+
+
+def check_workdir(workdir: str, configs: Dict[str, dict], force: bool):
+    """Before any step: the work dir's outputs are this tool's, and done steps whose options changed
+    are redone (their outputs and every later step's replaced) only with ``force``."""
+    done_dir = os.path.join(workdir, ".done")
+    if not os.path.isdir(done_dir):
+        foreign = [d for d in ("raw", "spm", "data-bin") if os.path.exists(os.path.join(workdir, d))]
+        if foreign:
+            raise PrepError(f"--workdir {workdir}: {', '.join(foreign)} exist but were not written by "
+                            f"fairseq-pe-prepare-wmt14 (no {done_dir}); choose another --workdir")
+        return
+    changed = []
+    for name in STEPS:
+        marker = os.path.join(done_dir, name)
+        if not os.path.exists(marker):
+            continue
+        try:
+            with open(marker) as f:
+                saved = json.load(f).get("config")
+        except (OSError, ValueError, AttributeError):
+            continue  # unreadable: that step is redone anyway
+        if saved != configs[name]:
+            changed += [f"{name}: {key} {saved.get(key)!r} there, {configs[name].get(key)!r} now"
+                        for key in sorted(set(saved or {}) | set(configs[name]))
+                        if (saved or {}).get(key) != configs[name].get(key)]
+    if changed and not force:
+        raise PrepError(f"--workdir {workdir} was prepared with other options ({'; '.join(changed)}): redoing "
+                        "those steps replaces raw/, spm/ and data-bin/ (which trained models depend on); pass "
+                        "--force to redo them, or choose another --workdir")
+
+
 def prepare(args: argparse.Namespace) -> None:
     workdir = os.path.abspath(args.workdir)
-    os.makedirs(workdir, exist_ok=True)
     src, tgt = args.pair.split("-")
     raw_dir = os.path.abspath(args.raw_dir) if args.raw_dir else None
+    configs = step_configs(args, raw_dir)
+    check_workdir(workdir, configs, getattr(args, "force", False))
+    os.makedirs(workdir, exist_ok=True)
     log(f"WMT14 {args.pair} ({src} -> {tgt}) in {workdir}" + (f", inputs from {raw_dir}" if raw_dir else ""))
     steps = Steps(workdir)
 
     def split_files(d, splits=("train", "valid", "test")):
         return [os.path.join(workdir, d, f"{s}.{lang}") for s in splits for lang in (src, tgt)]
 
-    inputs = steps.run("fetch", {"pair": args.pair, "raw_dir": raw_dir},
+    inputs = steps.run("fetch", configs["fetch"],
                        lambda: fetch(args.pair, workdir, raw_dir),
                        outputs=lambda r: [p for paths in r.values() for p in paths])
-    counts = steps.run("clean", {"pair": args.pair, "max_len": args.max_len, "ratio": args.ratio},
+    counts = steps.run("clean", configs["clean"],
                        lambda: clean(args.pair, workdir, inputs, args.max_len, args.ratio),
                        outputs=lambda r: split_files("raw"))
-    size = steps.run("spm", {"pair": args.pair, "vocab_size": args.spm_vocab_size,
-                             "input_sentence_size": args.spm_input_sentence_size},
+    size = steps.run("spm", configs["spm"],
                      lambda: sentencepiece_step(args.pair, workdir, args.spm_vocab_size,
                                                 args.spm_input_sentence_size, args.workers),
                      outputs=lambda r: split_files("spm") + [os.path.join(workdir, "spm", "spm.model")])
-    dest = steps.run("binarise", {"pair": args.pair}, lambda: binarise(args.pair, workdir, args.workers),
+    dest = steps.run("binarise", configs["binarise"], lambda: binarise(args.pair, workdir, args.workers),
                      outputs=lambda r: [os.path.join(r, f"dict.{src}.txt")] + [
                          os.path.join(r, f"{s}.{src}-{tgt}.{lang}.{ext}") for s in ("train", "valid", "test")
                          for lang in (src, tgt) for ext in ("bin", "idx")])
@@ -687,13 +750,12 @@ def prepare(args: argparse.Namespace) -> None:
           f"--label-smoothing 0.1 --max-tokens 4096 --save-dir checkpoints/wmt14_{src}_{tgt}", flush=True)
 
 
+@cli
 def main(argv: Optional[List[str]] = None) -> int:
+    """A :class:`PrepError` ends as ``fairseq-pe-prepare-wmt14: error: ...``, status 2."""
     args = parse_args(argv)
     try:
         prepare(args)
-    except PrepError as e:
-        print(f"fairseq-pe-prepare-wmt14: error: {e}", file=sys.stderr, flush=True)
-        return 1
     except KeyboardInterrupt:
         print("fairseq-pe-prepare-wmt14: interrupted; run the same command again to resume", file=sys.stderr)
         return 130

@@ -53,10 +53,12 @@ run() {  # run a command (DRY_RUN=1: print it), its output to a log file
 if [[ $DRY_RUN != 1 ]]; then mkdir -p "$OUT"; cd "$OUT"; fi
 
 # ---- data: sentencepiece + fairseq-preprocess; GLUE and SQuAD reuse the pretraining dictionary
+# (each step runs while the file that its tool writes last is missing: --force replaces what an
+# interrupted earlier run left)
 [[ -f mono-bin/train.bin ]] || run prepare-mono.log fairseq-pe-prepare-mono --input "$SHARED/mono/en" \
-  --destdir mono-bin --vocab-size "$VOCAB" --workers 2
+  --destdir mono-bin --vocab-size "$VOCAB" --workers 2 --force
 [[ -f glue/SST-2-bin/task.json ]] || run prepare-glue.log fairseq-pe-prepare-glue --glue-dir "$SHARED/glue" \
-  --tasks SST-2 --spm-model mono-bin/spm.model --dict mono-bin/dict.txt --destdir glue
+  --tasks SST-2 --spm-model mono-bin/spm.model --dict mono-bin/dict.txt --destdir glue --force
 # the SQuAD dev articles evaluated: every DEV_EVERY-th one, whole (all their paragraphs and questions)
 [[ -f squad-dev.json ]] || run squad-dev.log "$PYTHON" -c 'import json, sys
 d = json.load(open(sys.argv[1]))
@@ -67,7 +69,7 @@ print(len(d["data"]), "articles,", sum(len(p["qas"]) for a in d["data"] for p in
 [[ -f squad-bin/prepare.json ]] || run prepare-squad.log fairseq-pe-prepare-squad \
   --train "$SHARED/squad/squad_v1.1_train_subset44.json" --valid squad-dev.json \
   --spm-model mono-bin/spm.model --dict mono-bin/dict.txt --destdir squad-bin --max-length 512 \
-  --doc-stride 128 --max-query-length 64 --workers 2
+  --doc-stride 128 --max-query-length 64 --workers 2 --force
 
 pipeline() {
   local name=$1
@@ -93,7 +95,7 @@ pipeline() {
       --total-num-update "$SST2_UPDATES" --max-update "$SST2_UPDATES" --batch-size 32 \
       --disable-validation --save-dir "sst2-$name"
     run "sst2-$name.eval.log" fairseq-pe-glue-eval glue/SST-2-bin --path "sst2-$name/checkpoint_last.pt" \
-      --user-dir "$PLUGIN" --split valid --cpu --quiet --out "sst2-$name"
+      --user-dir "$PLUGIN" --split valid --cpu --quiet --out "sst2-$name" --force
   fi
   if [[ ! -f squad-$name.scores.json ]]; then
     run "squad-$name.log" fairseq-train squad-bin --task span_prediction --criterion span_prediction "${common[@]}" \
@@ -101,7 +103,7 @@ pipeline() {
       --reset-meters --lr 3e-4 --warmup-updates $((SQUAD_UPDATES * 6 / 100 + 1)) --total-num-update "$SQUAD_UPDATES" --max-update "$SQUAD_UPDATES" \
       --batch-size 16 --required-batch-size-multiple 1 --disable-validation --save-dir "squad-$name"
     run "squad-$name.predict.log" fairseq-pe-squad-predict squad-bin --path "squad-$name/checkpoint_last.pt" \
-      --split valid --json squad-dev.json --out "squad-$name" --cpu
+      --split valid --json squad-dev.json --out "squad-$name" --cpu --force
   fi
 }
 

@@ -73,7 +73,10 @@ for s in $SYSTEMS; do
 done
 [[ $MODE == base ]] && FLAGS[floater]="--pe-absolute learned --pe-floater-bias"
 
-step() {  # step MARKER cmd...: run unless MARKER exists (DRY_RUN=1: print)
+# step MARKER cmd...: run unless MARKER exists (DRY_RUN=1: print).  The fairseq-pe-* tools below get
+# --force: a step runs again only when its marker is missing, and then replaces what an interrupted
+# earlier run of it left behind
+step() {
   local marker=$1; shift
   if [[ $DRY_RUN == 1 ]]; then printf '+ %s\n' "$(printf '%q ' "$@")"; return 0; fi
   [[ -f $marker ]] && { echo "skip (done): $marker"; return 0; }
@@ -84,10 +87,10 @@ step() {  # step MARKER cmd...: run unless MARKER exists (DRY_RUN=1: print)
 }
 
 step "$OUT_ROOT/data/glue.done" fairseq-pe-prepare-glue --glue-dir "$GLUE_DIR" --tasks "$GLUE_TASKS" \
-  --spm-model "$TEXT_BIN/spm.model" --dict "$TEXT_BIN/dict.txt" --destdir "$OUT_ROOT/data/glue"
+  --spm-model "$TEXT_BIN/spm.model" --dict "$TEXT_BIN/dict.txt" --destdir "$OUT_ROOT/data/glue" --force
 step "$OUT_ROOT/data/squad.done" fairseq-pe-prepare-squad --train "$SQUAD_DIR/train-v1.1.json" \
   --valid "$SQUAD_DIR/dev-v1.1.json" --spm-model "$TEXT_BIN/spm.model" --dict "$TEXT_BIN/dict.txt" \
-  --destdir "$OUT_ROOT/data/squad" --max-length 384 --doc-stride 128 --max-query-length 64
+  --destdir "$OUT_ROOT/data/squad" --max-length 384 --doc-stride 128 --max-query-length 64 --force
 
 OPT=(--optimizer adam --adam-betas '(0.9,0.98)' --adam-eps 1e-6 --weight-decay 0.01 --clip-norm 0.0
      --lr-scheduler polynomial_decay --dropout 0.1 --attention-dropout 0.1 --seed "$SEED" --no-epoch-checkpoints
@@ -101,7 +104,7 @@ for name in $SYSTEMS; do
   start=()
   if [[ $MODE == base ]]; then
     step "$run/warm-start.done" fairseq-pe-warm-start-roberta "${BASE_CHECKPOINT:-model.pt}" "$run/warm-start.pt" \
-      --data "$TEXT_BIN" "${pe[@]}"
+      --data "$TEXT_BIN" --force "${pe[@]}"
     start=(--restore-file "$run/warm-start.pt" --reset-optimizer --reset-dataloader --reset-meters)
     if [[ $name == floater ]]; then  # FLOATER §4.2: train the dynamics only, the body frozen
       step "$run/dynamics.done" "${mlm[@]}" "${start[@]}" --pe-floater-freeze-body --tokens-per-sample 512 \
@@ -123,7 +126,7 @@ for name in $SYSTEMS; do
       --restore-file "$run/p512/checkpoint_last.pt" --lr 2e-5 --batch-size 32 --max-epoch 3 --warmup-updates 0 \
       "${OPT[@]}" --save-dir "$run/glue-$task"
     step "$run/glue-$task.eval.done" fairseq-pe-glue-eval "$bin" --path "$run/glue-$task/checkpoint_last.pt" \
-      --user-dir "$PLUGIN" --split valid --out "$run/glue-$task"
+      --user-dir "$PLUGIN" --split valid --out "$run/glue-$task" --force
   done
   step "$run/squad.done" fairseq-train "$OUT_ROOT/data/squad" --user-dir "$PLUGIN" --task span_prediction \
     --criterion span_prediction --arch "$ARCH" "${pe[@]}" --max-positions 512 \
@@ -131,6 +134,6 @@ for name in $SYSTEMS; do
     --lr 3e-5 --batch-size 32 --max-epoch 3 --warmup-updates 0 --required-batch-size-multiple 1 "${OPT[@]}" \
     --save-dir "$run/squad"
   step "$run/squad.eval.done" fairseq-pe-squad-predict "$OUT_ROOT/data/squad" --path "$run/squad/checkpoint_last.pt" \
-    --split valid --json "$SQUAD_DIR/dev-v1.1.json" --out "$run/squad"
+    --split valid --json "$SQUAD_DIR/dev-v1.1.json" --out "$run/squad" --force
 done
 echo "results: $OUT_ROOT/$MODE/*/glue-*.json and */squad.scores.json"

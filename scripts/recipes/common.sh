@@ -295,7 +295,7 @@ prepare_s2l() {
     S2L_DIR=$DATA_ROOT/s2l-en-de
     local cmd=(fairseq-pe-s2l-split --corpus "$WMT_DIR/raw/train" --source-lang en --target-lang de
         --out "$S2L_DIR" --spm-model "$WMT_DIR/spm/spm.model" --unit subword --threshold 80
-        --bins 80,100,120,140+ --valid-size 1000 --binarize)
+        --bins 80,100,120,140+ --valid-size 1000 --binarize --force)  # --force: an interrupted earlier split
     [[ -n ${WORKERS:-} ]] && cmd+=(--workers "$WORKERS")
     if is_done "$S2L_DIR/.recipe-done"; then
         log "S2L split: prepared already ($S2L_DIR)"
@@ -358,7 +358,8 @@ finetune() {
 
 # warm_start SOURCE_NAME NAME DATA_BIN [--pe-* flags of SOURCE...]: FLOATER's schedule (§3.3, §4.4):
 # convert SOURCE's last checkpoint into a FLOATER Q/K/V-bias model (exact at conversion), then
-# fine-tune it with SOURCE's flags + --pe-floater-bias, the flags the converter prints
+# fine-tune it with SOURCE's flags + --pe-floater-bias, the flags the converter prints (--force: INIT.part is
+# this recipe's own, left by an interrupted earlier run)
 warm_start() {
     local src=$1 name=$2 data=$3; shift 3
     local dir=$RUN_DIR/$name
@@ -369,7 +370,7 @@ warm_start() {
         log "$name: converted already ($init)"
     else
         run_logged "$dir/convert.log" fairseq-pe-warm-start-floater "$RUN_DIR/$src/checkpoint_last.pt" "$init.part" \
-            --data "$data"
+            --data "$data" --force
         run mv "$init.part" "$init"
         if ! dry; then  # the converter prints the fine-tuning flags: they must agree with ours
             local want
@@ -441,14 +442,15 @@ evaluate() {
 }
 
 # score PREFIX TITLE BUCKETS SOURCE REFERENCE SPM [more fairseq-pe-bucket-bleu flags]: one table + PNG
-# of every system in SCORED (sacreBLEU and tokenised compound-split BLEU per bucket)
+# of every system in SCORED (sacreBLEU and tokenised compound-split BLEU per bucket); a re-run scores again
+# (--force: replaces the table of the earlier run)
 score() {
     local prefix=$1 title=$2 buckets=$3 source=$4 ref=$5 spm=$6; shift 6
     ((${#SCORED[@]})) || die "no system to score (SYSTEMS='${SYSTEMS:-}')"
     dry || mkdir -p "${prefix%/*}"
     run fairseq-pe-bucket-bleu "${SCORED[@]}" --source "$source" --reference "$ref" \
         --spm-model "$spm" --unit subword --buckets "$buckets" --tokenized-bleu "$TGT" \
-        --title "$title" --out "$prefix" "$@"
+        --title "$title" --out "$prefix" --force "$@"
 }
 
 # Train every selected system of FROM_SCRATCH (flags in the associative array FLAGS), then the

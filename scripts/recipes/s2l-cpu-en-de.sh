@@ -42,7 +42,8 @@ if [ -n "${SYSTEMS:-}" ]; then read -r -a SYS <<< "$SYSTEMS"; else SYS=("${DEFAU
 if [ ! -f "$WORK/split/stats.json" ]; then
     fairseq-pe-s2l-split --corpus-dir "$DATA" --source-lang en --target-lang de --out "$WORK/split" \
         --unit subword --spm-vocab-size "${SPM_VOCAB:-8000}" --threshold 80 --bins 80,100,120,140+ \
-        --valid-size "${VALID_SIZE:-1000}" --short-test-size "${SHORT_TEST_SIZE:-1000}" --seed 1
+        --valid-size "${VALID_SIZE:-1000}" --short-test-size "${SHORT_TEST_SIZE:-1000}" --seed 1 \
+        --force  # stats.json (written last) is missing: the files of an interrupted split are replaced
 else
     echo "[s2l-cpu] reusing the split in $WORK/split (stats.json)"
 fi
