@@ -171,13 +171,14 @@ def assert_one_line_error(proc, prog, *fragments):
 
 
 CONVERTERS = [
-    ([sys.executable, os.path.join(REPO, "scripts", "warm_start_floater.py")], "warm_start_floater.py"),
+    # the script runs the console script's main: errors name the tool (fairseq_pe.errors.console_script_name)
+    ([sys.executable, os.path.join(REPO, "scripts", "warm_start_floater.py")], "fairseq-pe-warm-start-floater"),
     (["fairseq-pe-warm-start-floater"], "fairseq-pe-warm-start-floater"),
     (["fairseq-pe-warm-start-roberta"], "fairseq-pe-warm-start-roberta"),
 ]
 
 
-@pytest.mark.parametrize("cmd,prog", CONVERTERS, ids=[p for _, p in CONVERTERS])
+@pytest.mark.parametrize("cmd,prog", CONVERTERS, ids=["script", "floater", "roberta"][:len(CONVERTERS)])
 def test_converters_never_write_over_their_input(tmp_path, cmd, prog):
     ckpt = tmp_path / "checkpoint_best.pt"
     ckpt.write_bytes(b"a user's trained checkpoint")
