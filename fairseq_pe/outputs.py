@@ -179,3 +179,25 @@ def savefig(fig, path: str, **kwargs):
     """matplotlib's ``fig.savefig`` written atomically."""
     with atomic_path(path) as tmp:
         fig.savefig(tmp, **kwargs)
+
+
+def train_sentencepiece(prefix: str, **options) -> str:
+    """sentencepiece's trainer writing ``PREFIX.model`` and ``PREFIX.vocab`` atomically.
+
+    It trains under ``PREFIX.part`` and renames both files once complete, so a half model is never
+    used; on failure the partial files are removed and the exception propagates (sentencepiece
+    reports a bad option, or a vocabulary too large for the text, as ``RuntimeError``).
+    """
+    import sentencepiece as spm
+
+    part = prefix + ".part"
+    try:
+        spm.SentencePieceTrainer.train(model_prefix=part, **options)
+    except BaseException:
+        for ext in (".model", ".vocab"):
+            if os.path.exists(part + ext):
+                os.remove(part + ext)
+        raise
+    os.replace(part + ".vocab", prefix + ".vocab")
+    os.replace(part + ".model", prefix + ".model")
+    return prefix + ".model"

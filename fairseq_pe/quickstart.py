@@ -40,7 +40,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from fairseq_pe.bleu import GenerateOutputError, bucket_label, bucketed_bleu, parse_buckets, read_generate_output
 from fairseq_pe.bucket_bleu import format_table, write_outputs
 from fairseq_pe.errors import UserError, cli
-from fairseq_pe.outputs import atomic_path, same_file, write_json, write_text
+from fairseq_pe.outputs import atomic_path, same_file, train_sentencepiece, write_json, write_text
 
 PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
 #: what a work dir is recognised by, with the options its data were built with
@@ -227,19 +227,16 @@ def segment(args, raw: str, extra: Sequence[str]) -> (str, List[str]):
         copy_input(args.spm_model, model)
     elif not os.path.exists(model):
         log(f"training a joint sentencepiece model ({args.spm_vocab_size} pieces)")
-        part = os.path.join(out, "spm.part")  # renamed when complete: a half model is never reused
-        try:
-            spm.SentencePieceTrainer.train(
+        try:  # written atomically: a half model is never reused
+            train_sentencepiece(
+                os.path.join(out, "spm"),
                 input=[os.path.join(raw, f"train.{lang}") for lang in (args.source_lang, args.target_lang)],
-                model_prefix=part, vocab_size=args.spm_vocab_size,
-                character_coverage=1.0, model_type="unigram", input_sentence_size=2_000_000,
-                shuffle_input_sentence=True, minloglevel=2,
+                vocab_size=args.spm_vocab_size, character_coverage=1.0, model_type="unigram",
+                input_sentence_size=2_000_000, shuffle_input_sentence=True, minloglevel=2,
             )
         except RuntimeError as e:
             raise UserError(f"--spm-vocab-size {args.spm_vocab_size}: sentencepiece failed ({e}); "
                             "try a smaller size") from None
-        os.replace(part + ".vocab", os.path.join(out, "spm.vocab"))
-        os.replace(part + ".model", model)
     try:
         sp = spm.SentencePieceProcessor(model_file=model)
     except (OSError, RuntimeError) as e:

@@ -42,7 +42,8 @@ from typing import Dict, List, Optional, Sequence
 
 from fairseq_pe.bleu import Bucket, assign_bucket, bucket_label, parse_buckets
 from fairseq_pe.errors import UserError, cli
-from fairseq_pe.outputs import atomic_open, atomic_path, check_new_files, check_not_inputs, same_file, write_json
+from fairseq_pe.outputs import (atomic_open, atomic_path, check_new_files, check_not_inputs, same_file,
+                                train_sentencepiece, write_json)
 
 
 def log(msg: str):
@@ -196,23 +197,13 @@ def write_part(out: str, name: str, idx: Sequence[int], src: Sequence[str], tgt:
 
 def train_spm(texts_paths: Sequence[str], prefix: str, vocab_size: int):
     """``PREFIX.model`` and ``PREFIX.vocab``, trained under a temporary prefix and renamed when complete."""
-    import sentencepiece as spm
-
-    part = prefix + ".part"
     try:
-        spm.SentencePieceTrainer.train(
-            input=list(texts_paths), model_prefix=part, vocab_size=vocab_size, character_coverage=1.0,
+        train_sentencepiece(
+            prefix, input=list(texts_paths), vocab_size=vocab_size, character_coverage=1.0,
             model_type="unigram", input_sentence_size=10_000_000, shuffle_input_sentence=True, minloglevel=2,
         )
-    except BaseException as e:
-        for ext in (".model", ".vocab"):
-            if os.path.exists(part + ext):
-                os.remove(part + ext)
-        if isinstance(e, RuntimeError):
-            raise UserError(f"--spm-vocab-size {vocab_size}: sentencepiece failed ({e}); try a smaller size") from None
-        raise
-    os.replace(part + ".vocab", prefix + ".vocab")
-    os.replace(part + ".model", prefix + ".model")
+    except RuntimeError as e:
+        raise UserError(f"--spm-vocab-size {vocab_size}: sentencepiece failed ({e}); try a smaller size") from None
 
 
 def binarize(out: str, parts: Sequence[str], sl: str, tl: str, sp, workers: int):

@@ -90,3 +90,25 @@ def cli(*cmd: str, cwd=None, check=True) -> subprocess.CompletedProcess:
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
+
+
+def exit_status(main, argv):
+    """A console script's ``main`` in-process: its return value, or the status it exits with (a user
+    error: ``SystemExit(2)`` after ``PROG: error: ...`` on stderr)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+def synthetic_data_bin(root, **corpus) -> str:
+    """A synthetic translation corpus (:func:`fairseq_pe.synthetic.write_corpus` with ``corpus``) in
+    ``root/raw``, binarised by ``fairseq-preprocess --joined-dictionary`` into ``root/bin`` (returned)."""
+    from fairseq_pe.synthetic import write_corpus
+
+    raw = write_corpus(str(root / "raw"), **corpus)
+    dest = str(root / "bin")
+    cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", f"{raw}/train",
+        "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test", "--destdir", dest, "--joined-dictionary",
+        "--workers", "1")
+    return dest

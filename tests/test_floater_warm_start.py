@@ -11,9 +11,7 @@ import torch
 
 from fairseq import checkpoint_utils
 
-from fairseq_pe.synthetic import write_corpus
-
-from helpers import PLUGIN, REPO, cli
+from helpers import PLUGIN, REPO, cli, synthetic_data_bin
 
 SIZES = ["--encoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128", "--encoder-layers", "2",
          "--encoder-attention-heads", "4", "--decoder-embed-dim", "64", "--decoder-ffn-embed-dim", "128",
@@ -33,14 +31,8 @@ def hypothesis_scores(stdout):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("warm")
-    raw = write_corpus(str(root / "raw"), train_size=600, valid_size=20,
-                       test_buckets=[(1, 8), (9, 24)], test_per_bucket=10, seed=5)
-    dest = str(root / "bin")
-    cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", f"{raw}/train",
-        "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test", "--destdir", dest, "--joined-dictionary",
-        "--workers", "1")
-    return dest
+    return synthetic_data_bin(tmp_path_factory.mktemp("warm"), train_size=600, valid_size=20,
+                              test_buckets=[(1, 8), (9, 24)], test_per_bucket=10, seed=5)
 
 
 def assert_same_reference_scores(data, original, converted):

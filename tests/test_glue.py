@@ -28,7 +28,7 @@ from fairseq_pe import glue as glue_eval
 from fairseq_pe.data_prep import glue as prep
 from fairseq_pe.data_prep.glue import GlueError
 
-from helpers import FIXTURES, PLUGIN, REPO, cli, shared_data
+from helpers import FIXTURES, PLUGIN, REPO, cli, exit_status, shared_data
 
 LIMIT = 160
 TINY = ["--encoder-layers", "2", "--encoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128",
@@ -169,15 +169,6 @@ def test_stsb_score_and_layout_errors(tmp_path):
     path = write(tmp_path / "sts2.tsv", "g\tf\t2012\t0001\t5.0\tA man.\n")
     with pytest.raises(GlueError, match=re.escape("sts2.tsv:1: 6 tab-separated fields, expected at least 7")):
         prep.parse_file(spec, path, "train")
-
-
-def exit_status(main, argv):
-    """A console script's ``main`` in-process: its return value, or the status it exits with (a user
-    error: ``SystemExit(2)`` after ``PROG: error: ...`` on stderr)."""
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return e.code
 
 
 def test_cli_rejects_bad_flags(tmp_path, capsys):

@@ -13,22 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers import PLUGIN, cli, shared_data
+from helpers import PLUGIN, cli, exit_status, shared_data
 
 from fairseq_pe import squad
 from fairseq_pe.data_prep import squad as prep
 
 # The tests marked shared_data read the official dev set (../shared/data/squad/dev-v1.1.json, CC BY-SA,
 # not shipped here); the others run everywhere.
-
-
-def exit_status(main, argv):
-    """A console script's ``main`` in-process: its return value, or the status it exits with (a user
-    error: ``SystemExit(2)`` after ``PROG: error: ...`` on stderr)."""
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return e.code
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,9 +16,8 @@ import torch
 
 from fairseq_pe.errors import UserError
 from fairseq_pe.positional.t5_bias import t5_bucket
-from fairseq_pe.synthetic import write_corpus
 
-from helpers import PLUGIN, build_model, cli
+from helpers import PLUGIN, build_model, cli, synthetic_data_bin
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -102,14 +101,8 @@ TRAIN = ["--arch", "transformer_pe_tiny", "--optimizer", "adam", "--lr", "0.001"
 
 @pytest.fixture(scope="module")
 def data_bin(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    raw = write_corpus(str(root / "raw"), train_size=100, valid_size=10,
-                       test_buckets=[(1, 6), (20, 30)], test_per_bucket=4, seed=3)
-    dest = str(root / "bin")
-    cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", f"{raw}/train",
-        "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test", "--destdir", dest, "--joined-dictionary",
-        "--workers", "1")
-    return dest
+    return synthetic_data_bin(tmp_path_factory.mktemp("corpus"), train_size=100, valid_size=10,
+                              test_buckets=[(1, 6), (20, 30)], test_per_bucket=4, seed=3)
 
 
 def assert_user_error(proc, prog, *fragments):

@@ -37,6 +37,7 @@ from typing import Iterator, List, Optional
 
 from fairseq_pe.errors import UserError, cli
 from fairseq_pe.outputs import atomic_open, atomic_path, check_new_files, check_not_inputs, same_file
+from fairseq_pe.outputs import train_sentencepiece as train_sentencepiece_atomically
 
 TEXT_SUFFIXES = (".txt", ".raw")
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -118,27 +119,16 @@ def split(files: List[str], destdir: str, valid_percent: float) -> dict:
 
 def train_sentencepiece(destdir: str, vocab_size: int, input_sentence_size: int, workers: int) -> str:
     """Step 2: a unigram model on the train split."""
-    import sentencepiece as spm
-
-    prefix = os.path.join(destdir, "spm")
-    part = prefix + ".part"  # renamed when complete
     try:
-        spm.SentencePieceTrainer.train(
-            input=os.path.join(destdir, "raw", "train.txt"), model_prefix=part, vocab_size=vocab_size,
+        return train_sentencepiece_atomically(
+            os.path.join(destdir, "spm"),
+            input=os.path.join(destdir, "raw", "train.txt"), vocab_size=vocab_size,
             model_type="unigram", character_coverage=1.0, input_sentence_size=input_sentence_size,
             shuffle_input_sentence=True, num_threads=workers, bos_id=-1, eos_id=-1, unk_id=0, pad_id=-1,
             max_sentence_length=1 << 20, minloglevel=1,
         )
-    except BaseException as e:
-        for ext in (".model", ".vocab"):
-            if os.path.exists(part + ext):
-                os.remove(part + ext)
-        if isinstance(e, RuntimeError):
-            raise PrepError(f"sentencepiece failed ({e}); try a smaller --vocab-size") from None
-        raise
-    os.replace(part + ".vocab", prefix + ".vocab")
-    os.replace(part + ".model", prefix + ".model")
-    return prefix + ".model"
+    except RuntimeError as e:
+        raise PrepError(f"sentencepiece failed ({e}); try a smaller --vocab-size") from None
 
 
 def load_spm(model_path: str):

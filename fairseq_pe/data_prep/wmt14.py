@@ -88,6 +88,7 @@ from itertools import zip_longest
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from fairseq_pe.errors import UserError, cli
+from fairseq_pe.outputs import train_sentencepiece
 
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAIRS = ("en-de", "en-fr")
@@ -498,30 +499,19 @@ def clean(pair: str, workdir: str, inputs: Dict[str, Tuple[str, str]], max_len: 
 
 def train_spm(inputs: Sequence[str], prefix: str, vocab_size: int, input_sentence_size: int, threads: int) -> str:
     """A joint unigram sentencepiece model ``PREFIX.model`` learnt on the ``inputs`` files."""
-    import sentencepiece as spm
-
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
     log(f"training a {vocab_size:,}-piece unigram sentencepiece model on {' + '.join(inputs)} "
         f"(sampling at most {input_sentence_size:,} sentences; tens of minutes on the full corpus)")
-    part = prefix + ".part"  # renamed when complete
     try:
-        spm.SentencePieceTrainer.train(
-            input=",".join(inputs), model_prefix=part, vocab_size=vocab_size, model_type="unigram",
+        return train_sentencepiece(
+            prefix, input=",".join(inputs), vocab_size=vocab_size, model_type="unigram",
             character_coverage=1.0, input_sentence_size=input_sentence_size, shuffle_input_sentence=True,
             num_threads=max(1, threads), minloglevel=1)
-    except BaseException as e:
-        for ext in (".model", ".vocab"):
-            if os.path.exists(part + ext):
-                os.remove(part + ext)
-        if not isinstance(e, RuntimeError):
-            raise
+    except RuntimeError as e:
         if "vocab" in str(e).lower():
             raise PrepError(f"sentencepiece cannot learn {vocab_size} pieces from this training corpus ({e}); "
                             f"pass a smaller --spm-vocab-size") from None
         raise PrepError(f"sentencepiece training failed: {e}") from None
-    os.replace(part + ".vocab", prefix + ".vocab")
-    os.replace(part + ".model", prefix + ".model")
-    return prefix + ".model"
 
 
 def encode_file(sp, src_path: str, dst_path: str, threads: int, chunk: int = 100_000) -> int:
