@@ -17,8 +17,9 @@ so ``fairseq-train`` / ``fairseq-generate`` users never see them:
    than a learned table) end the process with one line ``PROG: error: ...`` and exit status 2
    instead of a traceback (:mod:`fairseq_pe.errors`); checkpoint loading reports a missing or
    corrupt file that way.
-4. fairseq's fused attention fast path skips attention subclass hooks: handled where the
-   attention modules are built (:func:`fairseq_pe.models.layers.python_attention_path`).
+4. fairseq's fused attention fast path skips attention subclass hooks: every attention of the
+   plugin's models is a :class:`fairseq_pe.models.attention.PositionAttention`, which calls torch's
+   fused kernel itself after the hooks.
 5. ``torchrun --nproc_per_node N fairseq-train ... --cpu --distributed-backend gloo``: on a
    machine without GPUs fairseq keeps ``--distributed-world-size`` at its default (the GPU
    count, 1), so every process trains its own model alone and they overwrite each other's

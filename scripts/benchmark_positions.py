@@ -1,79 +1,222 @@
 #!/usr/bin/env python3
-"""Speed and memory of each position encoding, as ratios to ``--pe-absolute sinusoidal``.
+"""Speed and memory of every position encoding, as ratios to stock fairseq (CPU).
 
-Everything is measured in the same run, on the same machine, with the same data:
+The baseline, ``stock``, is fairseq's own Transformer without the plugin (no ``--user-dir``):
+``transformer_wmt_en_de`` (base: 6+6 layers, 512 dims, 8 heads, FFN 2048, fairseq's sinusoidal
+positions) by default, or ``transformer_iwslt_de_en`` with ``--size iwslt``.  Every other system
+is the plugin's model of the same size (``transformer_pe_wmt_en_de`` / ``transformer_pe_iwslt_de_en``,
+``fairseq-train --user-dir fairseq_pe``) with one position encoding:
 
-* training: ``fairseq-train`` of ``transformer_pe_wmt_en_de`` (base: 6+6 layers, 512 dims,
-  8 heads) for ``--updates`` updates; wall time of the training loop ("done training in")
-  and the peak resident memory of the process;
-* generation: ``fairseq-generate`` with beam 4 of ``--gen-sentences`` sentences, every
-  hypothesis forced to exactly ``--gen-len`` tokens (``--min-len`` = ``--max-len-b``) so all
-  encodings do the same work; the time fairseq reports for translating them;
-* times are the fastest of ``--repeats`` rounds (each round runs every system), which
-  discounts slowdowns of a shared machine;
-* encoder memory: the peak extra resident memory of one encoder forward (with autograd,
-  as in training) of one sentence of T = 256, 1024, 2048 tokens.
+* the encodings of ``fairseq_pe.quickstart.DEFAULT_SYSTEMS``: ``none``, the APEs (``ape-learned``,
+  ``ape-sinusoidal``, ``ape-learnable-sin``), the RPEs (``rpe-learned`` = Shaw et al.,
+  ``rpe-sinusoidal`` = NEZHA, ``rpe-learnable-sin``), ``rope``, ``alibi``, ``t5``, ``floater``
+  (FLOATER at every block's input) and ``floater-bias`` (FLOATER Q/K/V biases);
+* ``ape-sinusoidal-fairseq`` (``--pe-absolute sinusoidal-fairseq``: fairseq's own sinusoids, the
+  plugin's cost over stock with the same positions) and ``floater-input`` (``--pe-absolute
+  floater`` at the embedding layer only).
 
-The data are random sentences over a 32k-word vocabulary (content does not matter for
-speed; the vocabulary size does, through the output layer).  Each measurement runs in a
-fresh process.  Results: a Markdown table on stdout and ``OUT/benchmark.{md,json}``.
+``--systems`` picks a subset; ``stock`` is always measured, first in every round, and every ratio
+is to the ``stock`` figure of the same run.
 
-    python scripts/benchmark_positions.py --out bench            # all encodings
-    python scripts/benchmark_positions.py --systems rope alibi --updates 5
+Settings (the defaults; every system gets the same): ``--threads 2`` CPU threads
+(``OMP_NUM_THREADS``/``MKL_NUM_THREADS``, and ``torch.set_num_threads`` in the encoder
+measurement), random sentences over a shared ``--vocab 8000``-word vocabulary
+(``fairseq-preprocess --joined-dictionary``, ``--share-all-embeddings``), ``--dropout 0
+--attention-dropout 0 --activation-dropout 0``, ``--required-batch-size-multiple 1`` (so that
+stock fairseq, which drops a last batch that is not a multiple of 8, and the plugin, which keeps
+it, see the same batches), ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` (stock ``fairseq-generate``
+cannot load its checkpoints on torch >= 2.6 without it; the plugin does the same internally), and
+``torch.fx.experimental.symbolic_shapes`` imported before fairseq starts (torch's fused attention,
+which stock fairseq uses, imports it, with sympy, on its first call with a padding mask: ~0.4 s that
+would land in stock's timed training and generation only).  Each measurement runs in a fresh
+process, one at a time.  Run it on an otherwise idle machine with at least ``--threads`` free cores:
+with more busy threads than cores every torch operation waits for a descheduled thread and the times
+mean nothing (the script warns when the load average says so; the JSON records it).
+
+Metrics, per system:
+
+* training time: ``fairseq-train`` for ``--updates`` updates of ``--max-tokens`` tokens, the time of
+  the training loop that fairseq reports ("done training in"; it includes writing the final
+  checkpoint, saved without optimizer state, whose time the JSON records); the fastest of
+  ``--repeats`` rounds (each round runs every system, alternating, which discounts slowdowns of a
+  shared machine);
+* training peak memory: the peak resident memory (ru_maxrss) of the ``fairseq-train`` process,
+  the smallest of the rounds;
+* generation time: ``fairseq-generate`` with beam 4 of ``--gen-sentences`` test sentences, every
+  hypothesis forced to exactly ``--gen-len`` tokens (``--min-len`` = ``--max-len-b``) so all systems
+  do the same work; the time fairseq reports for translating them (its token count over its
+  tokens/s, which has more digits than its seconds), fastest of the rounds;
+* encoder forward memory: the peak extra resident memory of one encoder forward of one sentence
+  of T tokens (``--lengths``, default 256 1024 2048 4096) in train mode with autograd on (as in
+  training), after a warm-up forward, with ``MALLOC_MMAP_THRESHOLD_=65536`` (large tensors are
+  mapped and unmapped, so the resident size follows the live tensors); measured in round 1.
+  For ``stock`` this builds fairseq's ``fairseq.models.transformer.TransformerModel`` from the stock
+  architecture and flags, without importing ``fairseq_pe``; the plugin systems build
+  ``TransformerPEModel``; both with ``--max-source-positions T+8``.
+
+Targets (``TARGETS`` below: the issue's table, ratios to stock on CPU) are checked for the
+training time, the generation time and the encoder memory at T = 2048, each judged on the ratio
+rounded to two decimals as printed.  The table shows e.g. ``1.04× ✓`` or ``1.31× ✗ (≤1.20)``; a
+summary line tells how many targets were missed.  The script measures, it does not judge: its exit
+status is 0 whether targets are met or not; 2 for a usage error (one line naming the option); 1 when
+a training or a generation fails (with its output's tail).  An encoder forward that fails (a long
+sentence that does not fit in memory) is marked ``failed`` in the table and the run goes on.
+
+Results: the table on stdout and, each written atomically, ``OUT/benchmark.md`` (the table, stock's
+absolute figures, the targets), ``OUT/benchmark.json`` (settings, every system's flags and
+command lines, every round, ratios, targets and pass/fail) and ``OUT/benchmark.png`` (the ratios per
+system, one panel per metric, targets marked).  Existing results are only replaced with ``--force``.
+Work files (data, checkpoints) go under ``OUT/work``; the data are reused while their options
+stay the same.  Progress (one line per measurement with round, count and an estimate of the time
+left) goes to stderr.
+
+    # the full benchmark (base size, every system, 3 rounds; an hour or more: the progress lines tell)
+    python scripts/benchmark_positions.py --out bench
+    # a quick base-size look at a few systems
+    python scripts/benchmark_positions.py --out bench-quick --systems rope rpe-learned floater \\
+        --updates 3 --repeats 1 --lengths 256 2048
+    # IWSLT size
+    python scripts/benchmark_positions.py --out bench-iwslt --size iwslt
+    # smoke test: transformer_pe_tiny vs stock `transformer` with the same sizes (2+2 layers, 64 dims,
+    # 4 heads, FFN 256)
+    python scripts/benchmark_positions.py --out bench-tiny --size tiny --systems rpe-learned \\
+        --updates 2 --sentences 60 --gen-sentences 5 --gen-len 6 --lengths 64 --vocab 100 --repeats 2
+
+``--arch`` (plugin) and ``--stock-arch``/``--stock-flags`` (stock) override the ``--size`` preset;
+the two models must come out with the same sizes (layers, dimensions, heads), which is checked
+before anything runs.
 """
 
 import argparse
+import fnmatch
 import json
 import os
 import random
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PLUGIN = os.path.join(os.path.dirname(HERE), "fairseq_pe")
+REPO = os.path.dirname(HERE)
+PLUGIN = os.path.join(REPO, "fairseq_pe")
 
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, REPO)
+from fairseq_pe.errors import UserError, cli  # noqa: E402
+from fairseq_pe.outputs import check_new_files, savefig, write_json, write_text  # noqa: E402
 from fairseq_pe.quickstart import DEFAULT_SYSTEMS  # noqa: E402  (the encodings and their flags)
 
-BASELINE = "ape-sinusoidal"
-SYSTEMS = {name: flags for name, flags in DEFAULT_SYSTEMS.items()
-           if "--pe-relative" in flags or name == BASELINE or name.startswith("floater")}
+STOCK = "stock"
 
-# runs a fairseq CLI in this process and reports the process's peak resident memory (KiB)
+
+def _systems():
+    systems = {}
+    for name, flags in DEFAULT_SYSTEMS.items():
+        if name == "floater":
+            systems["floater-input"] = ["--pe-absolute", "floater"]
+        systems[name] = list(flags)
+        if name == "ape-sinusoidal":
+            systems["ape-sinusoidal-fairseq"] = ["--pe-absolute", "sinusoidal-fairseq"]
+    return systems
+
+
+#: plugin systems: name -> fairseq-train flags (on top of --arch)
+SYSTEMS = _systems()
+
+#: the same size of model, stock and plugin: --size -> (stock arch, stock flags, plugin arch)
+TINY_FLAGS = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "64",
+              "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "256", "--decoder-ffn-embed-dim", "256",
+              "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
+SIZES = {
+    "wmt": ("transformer_wmt_en_de", [], "transformer_pe_wmt_en_de"),
+    "iwslt": ("transformer_iwslt_de_en", [], "transformer_pe_iwslt_de_en"),
+    "tiny": ("transformer", TINY_FLAGS, "transformer_pe_tiny"),  # tests and smoke runs
+}
+#: what must be equal for stock and plugin (after the architecture functions)
+SIZE_KEYS = ["encoder_layers", "decoder_layers", "encoder_embed_dim", "decoder_embed_dim", "encoder_ffn_embed_dim",
+             "decoder_ffn_embed_dim", "encoder_attention_heads", "decoder_attention_heads", "encoder_normalize_before",
+             "decoder_normalize_before", "activation_fn", "share_all_embeddings", "dropout", "attention_dropout",
+             "activation_dropout"]
+
+#: model flags of every system, stock and plugin (the shared vocabulary, no dropout)
+MODEL_FLAGS = ["--share-all-embeddings", "--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0"]
+
+#: the metrics: key -> label (the encoder memory has one column per length: "encoder_T")
+METRICS = {"train_s": "train time", "train_peak_kb": "train peak mem", "generate_s": "generation time"}
+#: the length of the encoder-memory target
+TARGET_LENGTH = 2048
+TARGET_METRICS = {"train_s": "train time", f"encoder_{TARGET_LENGTH}": f"encoder mem at T={TARGET_LENGTH}",
+                  "generate_s": "generation"}
+
+#: the issue's targets: ratios to stock on CPU, at most (systems matched by name patterns)
+TARGETS = [
+    {"group": "none + every APE", "systems": ["none", "ape-*"],
+     "train_s": 1.02, f"encoder_{TARGET_LENGTH}": 1.10, "generate_s": 1.02},
+    {"group": "FLOATER input and all blocks", "systems": ["floater", "floater-input"],
+     "train_s": 1.08, f"encoder_{TARGET_LENGTH}": 1.20, "generate_s": 1.02},
+    {"group": "RoPE, ALiBi, T5", "systems": ["rope", "alibi", "t5"],
+     "train_s": 1.08, f"encoder_{TARGET_LENGTH}": 1.5, "generate_s": 1.05},
+    {"group": "Shaw, NEZHA, learnable-sin RPE", "systems": ["rpe-*"],
+     "train_s": 1.20, f"encoder_{TARGET_LENGTH}": 2.0, "generate_s": 1.10},
+    {"group": "FLOATER Q/K/V biases", "systems": ["floater-bias"],
+     "train_s": 1.15, f"encoder_{TARGET_LENGTH}": 2.0, "generate_s": 1.02},
+]
+
+
+def target_group(name):
+    for group in TARGETS:
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in group["systems"]):
+            return group
+    return None
+
+
+# runs a fairseq CLI in this process; reports the process's peak resident memory (KiB) and
+# whether the plugin was imported
 CLI_CHILD = r"""
 import resource, runpy, sys
+# torch's fused attention (stock fairseq's path) checks a key padding mask through torch._check_with,
+# which imports torch.fx.experimental.symbolic_shapes (and sympy) on its first call: ~0.4 s inside the
+# timed training and generation of stock only.  Imported here, before the clock, for every system.
+import torch.fx.experimental.symbolic_shapes
 name = sys.argv[1]
 sys.argv = [name] + sys.argv[2:]
 try:
     runpy.run_module({"fairseq-train": "fairseq_cli.train", "fairseq-generate": "fairseq_cli.generate"}[name],
                      run_name="__main__")
 finally:
+    print("PLUGIN_LOADED", int("fairseq_pe" in sys.modules), flush=True)
     print("PEAK_RSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)
 """
 
-# one encoder forward of one T-token sentence; prints the peak extra resident memory (KiB)
+# one encoder forward of one T-token sentence, stock fairseq or the plugin, with the same settings;
+# prints the peak extra resident memory (KiB)
 ENCODER_CHILD = r"""
-import argparse, sys, torch
+import argparse, sys
+kind, repo, arch, length, threads, vocab = sys.argv[1:7]
+length, threads, vocab, flags = int(length), int(threads), int(vocab), sys.argv[7:]
+import torch
 from types import SimpleNamespace
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY
-sys.path.insert(0, sys.argv[1])
-import fairseq_pe
-from fairseq_pe.models.transformer_pe import TransformerPEModel
-arch, length, flags = sys.argv[2], int(sys.argv[3]), sys.argv[4:]
-torch.set_num_threads(1)
+if kind == "plugin":
+    sys.path.insert(0, repo)
+    import fairseq_pe
+    from fairseq_pe.models.transformer_pe import TransformerPEModel as Model
+else:  # stock fairseq: the plugin is never imported
+    from fairseq.models.transformer import TransformerModel as Model
+torch.set_num_threads(threads)
 parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
-TransformerPEModel.add_args(parser)
+Model.add_args(parser)
 args = parser.parse_args(flags + ["--max-source-positions", str(length + 8), "--max-target-positions", str(length + 8)])
 ARCH_CONFIG_REGISTRY[arch](args)
 d = Dictionary()
-for i in range(1000):
-    d.add_symbol(str(i))
+for i in range(vocab):
+    d.add_symbol("w%d" % i)
+d.pad_to_multiple_(8)
 torch.manual_seed(0)
-model = TransformerPEModel.build_model(args, SimpleNamespace(source_dictionary=d, target_dictionary=d)).train()
+model = Model.build_model(args, SimpleNamespace(source_dictionary=d, target_dictionary=d)).train()
 tokens = torch.randint(d.nspecial, len(d), (1, length))
 def rss_kb(field):
     for line in open("/proc/self/status"):
@@ -84,7 +227,11 @@ with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # reset the peak (VmHWM) to the current resident size
 base = rss_kb("VmRSS:")
 out = model.encoder(tokens, torch.tensor([length]))["encoder_out"][0]
+assert out.requires_grad and out.shape[0] == length
 print("PEAK_EXTRA_KB", rss_kb("VmHWM:") - base, flush=True)
+print("PARAMS", sum(p.numel() for p in model.parameters()), flush=True)
+print("THREADS", torch.get_num_threads(), flush=True)
+print("PLUGIN_LOADED", int("fairseq_pe" in sys.modules), flush=True)
 """
 
 
@@ -92,20 +239,61 @@ def log(msg):
     print(f"[benchmark {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def run(cmd, env):
+def duration(seconds):
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+class MeasurementFailed(Exception):
+    pass
+
+
+def run(cmd, env, what):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     out = proc.stdout + proc.stderr
     if proc.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(cmd[:3])} ...\n{out[-4000:]}")
+        raise MeasurementFailed(f"{what} failed (exit status {proc.returncode}"
+                                f"{', killed: out of memory?' if proc.returncode == -9 else ''}):\n{out[-4000:]}")
     return out
 
 
-def make_data(out, sentences, test_sentences, seed=1, vocab=32000):
-    raw = os.path.join(out, "raw")
-    bin_dir = os.path.join(out, "bin")
-    if os.path.exists(os.path.join(bin_dir, "done")):
-        return bin_dir
-    os.makedirs(raw, exist_ok=True)
+def found(pattern, out, what, cast=float):
+    m = re.search(pattern, out)
+    if m is None:
+        raise SystemExit(f"benchmark_positions.py: {what}: no {pattern!r} in its output:\n{out[-3000:]}")
+    return cast(m.group(1))
+
+
+def machine_load():
+    """The 1-minute load average (None where the system does not tell)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def make_data(work, sentences, test_sentences, vocab, seed=1):
+    """Random sentences over ``vocab`` words, binarised with a joined dictionary (reused while the
+    options are the same)."""
+    raw, bin_dir, marker = os.path.join(work, "raw"), os.path.join(work, "bin"), os.path.join(work, "data.json")
+    options = {"sentences": sentences, "test_sentences": test_sentences, "vocab": vocab, "seed": seed}
+    if os.path.exists(marker):
+        with open(marker) as f:
+            if json.load(f) == options and os.path.exists(os.path.join(bin_dir, "dict.src.txt")):
+                log(f"data: reusing {bin_dir}")
+                return bin_dir
+        os.remove(marker)
+        for folder in (raw, bin_dir):  # this script's data of other options
+            shutil.rmtree(folder, ignore_errors=True)
+    for folder in (raw, bin_dir):
+        if os.path.exists(folder) and os.listdir(folder):
+            raise UserError(f"--out {os.path.dirname(work)}: {folder} holds files this script did not write; "
+                            "choose another --out")
+    os.makedirs(raw)
     rng = random.Random(seed)
     words = [f"w{i}" for i in range(vocab)]
     for split, n in (("train", sentences), ("valid", 50), ("test", test_sentences)):
@@ -114,110 +302,441 @@ def make_data(out, sentences, test_sentences, seed=1, vocab=32000):
                 length = rng.randint(10, 60)
                 s.write(" ".join(rng.choice(words) for _ in range(length)) + "\n")
                 t.write(" ".join(rng.choice(words) for _ in range(length)) + "\n")
-    run(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", f"{raw}/train",
-         "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test", "--destdir", bin_dir, "--joined-dictionary",
-         "--workers", "2"], os.environ)
-    open(os.path.join(bin_dir, "done"), "w").close()
+    log(f"data: {sentences} training sentences over {vocab} words -> {bin_dir}")
+    exe = os.path.join(os.path.dirname(sys.executable), "fairseq-preprocess")
+    run([exe if os.path.exists(exe) else "fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
+         "--trainpref", f"{raw}/train", "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test",
+         "--destdir", bin_dir, "--joined-dictionary", "--workers", "1"], os.environ, "fairseq-preprocess")
+    write_json(marker, options)
     return bin_dir
 
 
-def measure(args, name, flags, data, env, encoder_memory=True):
-    save = os.path.join(args.out, "ckpt", name)
+def model_sizes(plugin, arch, flags):
+    """The sizes the architecture function gives a model (stock or plugin), from its flags."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+    from fairseq.models.transformer import TransformerModel
+
+    from fairseq_pe.models.transformer_pe import TransformerPEModel
+
+    want = TransformerPEModel if plugin else TransformerModel
+    flag = "--arch" if plugin else "--stock-arch"
+    if arch not in ARCH_MODEL_REGISTRY:
+        raise UserError(f"{flag} {arch}: no such fairseq architecture")
+    if ARCH_MODEL_REGISTRY[arch] is not want:
+        raise UserError(f"{flag} {arch}: an architecture of {ARCH_MODEL_REGISTRY[arch].__name__}, not of "
+                        f"{'the plugin' if plugin else 'stock fairseq'}'s {want.__name__}")
+    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
+    want.add_args(parser)
+    try:
+        args, unknown = parser.parse_known_args(flags)
+    except SystemExit:
+        raise UserError(f"{'' if plugin else '--stock-flags: '}bad model flags {' '.join(flags)!r}") from None
+    if unknown:
+        raise UserError(f"{'--arch' if plugin else '--stock-flags'}: unknown model flags {unknown}")
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return {key: getattr(args, key, None) for key in SIZE_KEYS}
+
+
+class Progress:
+    """Counts the measurements and estimates the time left from the ones done."""
+
+    def __init__(self, plan):
+        self.plan = plan  # [(system, kind)], in order
+        self.done = 0
+        self.seconds = {}
+        self.start = time.time()
+
+    def estimate(self, name, kind):
+        if (name, kind) in self.seconds:
+            return self.seconds[(name, kind)]
+        for similar in (lambda k: k == kind, lambda k: k.split()[0] == kind.split()[0], lambda k: True):
+            values = [s for (_, k), s in self.seconds.items() if similar(k)]
+            if values:
+                return sum(values) / len(values)
+        return None
+
+    def record(self, name, kind, seconds):
+        self.seconds[(name, kind)] = seconds
+        self.done += 1
+        left = [self.estimate(n, k) for n, k in self.plan[self.done:]]
+        known = sum(s for s in left if s is not None)
+        return (f"{self.done}/{len(self.plan)} done in {duration(time.time() - self.start)}, "
+                f"~{duration(known)} left" if left else f"{self.done}/{len(self.plan)} done in "
+                f"{duration(time.time() - self.start)}")
+
+
+def commands(args, name, data, save):
+    """The fairseq command lines (argv, without the interpreter) of one system."""
+    if name == STOCK:
+        model = ["--arch", args.stock_arch, *args.stock_flags_list]
+    else:
+        model = ["--user-dir", PLUGIN, "--arch", args.arch, *SYSTEMS[name]]
+    model += MODEL_FLAGS
+    train = ["fairseq-train", data, *model,
+             "--optimizer", "adam", "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100",
+             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+             "--max-tokens", str(args.max_tokens), "--required-batch-size-multiple", "1",
+             "--max-update", str(args.updates), "--disable-validation",
+             "--save-dir", save, "--no-epoch-checkpoints", "--save-interval-updates", "0",
+             "--no-save-optimizer-state",
+             "--seed", "1", "--cpu", "--num-workers", "0", "--log-format", "simple"]
+    generate = ["fairseq-generate", data, *([] if name == STOCK else ["--user-dir", PLUGIN]),
+                "--path", os.path.join(save, "checkpoint_last.pt"), "--gen-subset", "test", "--beam", "4",
+                "--batch-size", "16", "--required-batch-size-multiple", "1", "--min-len", str(args.gen_len),
+                "--max-len-a", "0", "--max-len-b", str(args.gen_len), "--cpu", "--num-workers", "0"]
+    # the encoder child: (stock|plugin) ARCH T THREADS VOCAB FLAGS
+    encoder_model = [*(args.stock_flags_list if name == STOCK else SYSTEMS[name]), *MODEL_FLAGS]
+    encoder = ["stock" if name == STOCK else "plugin", REPO, args.stock_arch if name == STOCK else args.arch,
+               "T", str(args.threads), str(args.vocab), *encoder_model]
+    return {"train": train, "generate": generate, "encoder": encoder}
+
+
+def check_plugin(name, out, what):
+    loaded = found(r"PLUGIN_LOADED (\d)", out, what, int)
+    if loaded != (name != STOCK):
+        raise SystemExit(f"benchmark_positions.py: {what}: fairseq_pe was {'' if loaded else 'not '}imported")
+
+
+def train_and_generate(args, name, cmds, env, progress, round_):
+    save = cmds["train"][cmds["train"].index("--save-dir") + 1]
     shutil.rmtree(save, ignore_errors=True)  # fairseq-train would resume from an earlier round's checkpoint
     os.makedirs(save)
-    log(f"{name}: training {args.updates} updates")
-    out = run([sys.executable, "-c", CLI_CHILD, "fairseq-train", data, "--user-dir", PLUGIN,
-               "--arch", args.arch, *flags, "--share-all-embeddings",
-               "--optimizer", "adam", "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100",
-               "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-               "--max-tokens", str(args.max_tokens), "--max-update", str(args.updates), "--disable-validation",
-               "--save-dir", save, "--no-epoch-checkpoints", "--save-interval-updates", "0",
-               "--seed", "1", "--cpu", "--num-workers", "0", "--log-format", "simple"], env)
+    what = f"{name}: fairseq-train"
+    start = time.time()
+    out = run([sys.executable, "-c", CLI_CHILD, *cmds["train"]], env, what)
+    wall = time.time() - start
     if "No existing checkpoint found" not in out:
-        raise SystemExit(f"{name}: fairseq-train resumed from a checkpoint in {save}; the timing would be wrong")
-    train_s = float(re.search(r"done training in ([\d.]+) seconds", out).group(1))
-    train_kb = int(re.search(r"PEAK_RSS_KB (\d+)", out).group(1))
-    log(f"{name}: generating {args.gen_sentences} sentences of {args.gen_len} tokens")
-    out = run([sys.executable, "-c", CLI_CHILD, "fairseq-generate", data, "--user-dir", PLUGIN,
-               "--path", os.path.join(save, "checkpoint_last.pt"), "--gen-subset", "test", "--beam", "4",
-               "--batch-size", "16", "--min-len", str(args.gen_len), "--max-len-a", "0",
-               "--max-len-b", str(args.gen_len), "--cpu", "--num-workers", "0"], env)
-    m = re.search(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s", out)
-    assert int(m.group(1).replace(",", "")) == args.gen_sentences, out[-2000:]
-    gen_s = args.gen_sentences / float(m.group(4))  # more digits than the rounded seconds
-    gen_kb = int(re.search(r"PEAK_RSS_KB (\d+)", out).group(1))
-    enc = {}
-    for length in (args.lengths if encoder_memory else []):
-        # a fixed mmap threshold: large tensors are always mapped and unmapped, so the resident
-        # size follows the live tensors (glibc's adaptive threshold would recycle freed heap)
-        child_env = dict(env, MALLOC_MMAP_THRESHOLD_=str(64 * 1024))
-        out = run([sys.executable, "-c", ENCODER_CHILD, os.path.dirname(PLUGIN), args.arch, str(length), *flags],
-                  child_env)
-        enc[length] = int(re.search(r"PEAK_EXTRA_KB (-?\d+)", out).group(1))
-    log(f"{name}: train {train_s:.1f}s, generate {gen_s:.1f}s" + (f", encoder memory {enc}" if enc else ""))
-    return {"train_s": train_s, "train_peak_kb": train_kb, "generate_s": gen_s, "generate_peak_kb": gen_kb,
-            "encoder_forward_extra_kb": enc}
+        raise SystemExit(f"benchmark_positions.py: {name}: fairseq-train resumed from a checkpoint in {save}; "
+                         "the timing would be wrong")
+    check_plugin(name, out, what)
+    r = {"train_s": found(r"done training in ([\d.]+) seconds", out, what),
+         "train_peak_kb": found(r"PEAK_RSS_KB (\d+)", out, what, int),
+         # the final checkpoint is written inside fairseq's timed loop: kept small (no optimizer state)
+         # and its time recorded, to judge the disk's share
+         "checkpoint_write_s": found(r"writing took ([\d.]+) seconds", out, what),
+         "train_wall_s": round(wall, 2)}
+    log(f"round {round_}, {name}: train {r['train_s']:.1f} s, peak {r['train_peak_kb'] / 1024:.0f} MiB "
+        f"({progress.record(name, 'train', wall)})")
+    what = f"{name}: fairseq-generate"
+    start = time.time()
+    out = run([sys.executable, "-c", CLI_CHILD, *cmds["generate"]], env, what)
+    wall = time.time() - start
+    check_plugin(name, out, what)
+    m = re.search(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s, "
+                  r"([\d.]+) tokens/s", out)
+    if m is None or int(m.group(1).replace(",", "")) != args.gen_sentences:
+        raise SystemExit(f"benchmark_positions.py: {what} did not translate {args.gen_sentences} sentences:\n"
+                         f"{out[-3000:]}")
+    if int(m.group(2).replace(",", "")) != args.gen_sentences * (args.gen_len + 1):  # + </s>
+        raise SystemExit(f"benchmark_positions.py: {what}: the hypotheses are not {args.gen_len} tokens long:\n"
+                         f"{out[-3000:]}")
+    # tokens / (tokens/s): more digits than the rounded seconds
+    r["generate_s"] = int(m.group(2).replace(",", "")) / float(m.group(5))
+    r["generate_peak_kb"] = found(r"PEAK_RSS_KB (\d+)", out, what, int)
+    r["generate_wall_s"] = round(wall, 2)
+    log(f"round {round_}, {name}: generate {r['generate_s']:.2f} s ({progress.record(name, 'generate', wall)})")
+    return r
 
 
-def ratio(value, base):
-    return f"{value / base:.2f}×" if base > 0 else "n/a"
+def encoder_memory(args, name, cmds, env, progress, round_):
+    # a fixed mmap threshold: large tensors are always mapped and unmapped, so the resident size
+    # follows the live tensors (glibc's adaptive threshold would recycle freed heap)
+    child_env = dict(env, MALLOC_MMAP_THRESHOLD_=str(64 * 1024))
+    enc, errors, params = {}, {}, None
+    for length in args.lengths:
+        cmd = list(cmds["encoder"])
+        cmd[3] = str(length)
+        what = f"{name}: encoder forward T={length}"
+        start = time.time()
+        try:
+            out = run([sys.executable, "-c", ENCODER_CHILD, *cmd], child_env, what)
+        except MeasurementFailed as e:
+            # a long sentence may not fit in memory: the other measurements go on, the table says "failed"
+            enc[str(length)], errors[str(length)] = None, str(e).splitlines()[0] + "\n..." + str(e)[-2000:]
+            log(f"round {round_}, {name}: encoder forward T={length} FAILED ({str(e).splitlines()[0]}; "
+                f"{progress.record(name, f'encoder T={length}', time.time() - start)})")
+            continue
+        check_plugin(name, out, what)
+        if found(r"THREADS (\d+)", out, what, int) != args.threads:
+            raise SystemExit(f"benchmark_positions.py: {what}: torch did not use {args.threads} threads")
+        enc[str(length)] = found(r"PEAK_EXTRA_KB (-?\d+)", out, what, int)
+        params = found(r"PARAMS (\d+)", out, what, int)
+        log(f"round {round_}, {name}: encoder forward T={length}: {enc[str(length)] / 1024:.1f} MiB "
+            f"({progress.record(name, f'encoder T={length}', time.time() - start)})")
+    return enc, errors, params
 
 
-def table(results, lengths):
-    base = results[BASELINE]
-    head = ["encoding", "train time", "train peak mem", "generate time"] + [f"enc. fwd mem T={t}" for t in lengths]
+def ratio_of(value, base):
+    return value / base if base and base > 0 and value is not None else None
+
+
+def compute_ratios(results, lengths):
+    base = results[STOCK]
+    for name, r in results.items():
+        r["ratios"] = {key: ratio_of(r[key], base[key]) for key in METRICS}
+        for t in lengths:
+            r["ratios"][f"encoder_{t}"] = ratio_of(r["encoder_forward_extra_kb"].get(str(t)),
+                                                   base["encoder_forward_extra_kb"].get(str(t)))
+        group = None if name == STOCK else target_group(name)
+        r["target_group"] = group["group"] if group else None
+        r["targets"] = {}
+        for key in (TARGET_METRICS if group else {}):
+            value = r["ratios"].get(key)
+            # judged on the ratio as printed (two decimals), so that the table never contradicts itself
+            r["targets"][key] = {"target": group[key], "ratio": value,
+                                 "met": None if value is None else round(value, 2) <= group[key]}
+
+
+def cell(r, key):
+    value = r["ratios"].get(key)
+    if key.startswith("encoder_") and key[len("encoder_"):] in r.get("encoder_errors", {}):
+        return "failed"
+    if value is None:
+        return "n/a"
+    text = f"{value:.2f}×"
+    target = r["targets"].get(key)
+    if target is None or target["met"] is None:
+        return text
+    return f"{text} ✓" if target["met"] else f"{text} ✗ (≤{target['target']:.2f})"
+
+
+def summary(results):
+    total, missed, unmeasured = 0, [], []
+    for name, r in results.items():
+        for key, t in r["targets"].items():
+            total += 1
+            if t["met"] is None:
+                failed = key.startswith("encoder_") and key[len("encoder_"):] in r.get("encoder_errors", {})
+                unmeasured.append(f"{name} {TARGET_METRICS[key]}{' (failed)' if failed else ''}")
+            elif not t["met"]:
+                missed.append(f"{name} {TARGET_METRICS[key]} {t['ratio']:.2f}× (≤{t['target']:.2f})")
+    line = (f"targets: {len(missed)} of {total} missed ({total - len(missed) - len(unmeasured)} met)"
+            + (f": {'; '.join(missed)}" if missed else "") if total else "targets: none apply to these systems")
+    if unmeasured:
+        line += f" ({len(unmeasured)} not measured: {', '.join(unmeasured)})"
+    return line, {"targets": total, "met": total - len(missed) - len(unmeasured), "missed": missed,
+                  "not_measured": unmeasured}
+
+
+def report(args, results):
+    head = ["system"] + list(METRICS.values()) + [f"enc. mem T={t}" for t in args.lengths] + ["targets met"]
     rows = []
     for name, r in results.items():
-        rows.append([name, ratio(r["train_s"], base["train_s"]), ratio(r["train_peak_kb"], base["train_peak_kb"]),
-                     ratio(r["generate_s"], base["generate_s"])]
-                    + [ratio(r["encoder_forward_extra_kb"][t], base["encoder_forward_extra_kb"][t]) for t in lengths])
-    absolute = (f"baseline ({BASELINE}): train {base['train_s']:.1f}s, peak {base['train_peak_kb'] / 1024:.0f} MiB; "
-                f"generate {base['generate_s']:.1f}s; encoder forward "
-                + ", ".join(f"T={t}: {base['encoder_forward_extra_kb'][t] / 1024:.0f} MiB" for t in lengths))
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines) + "\n\n" + absolute
+        checked = [t for t in r["targets"].values() if t["met"] is not None]
+        met = f"{sum(t['met'] for t in checked)}/{len(checked)}" if checked else ""
+        rows.append([name] + [cell(r, key) for key in METRICS] + [cell(r, f"encoder_{t}") for t in args.lengths]
+                    + [met])
+    table = "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                      + ["| " + " | ".join(row) + " |" for row in rows])
+    base = results[STOCK]
+    absolute = (f"{STOCK} ({args.stock_arch}{' ' + ' '.join(args.stock_flags_list) if args.stock_flags_list else ''}): "
+                f"train {base['train_s']:.1f} s, peak {base['train_peak_kb'] / 1024:.0f} MiB; "
+                f"generation {base['generate_s']:.2f} s; encoder forward extra memory "
+                + ", ".join(f"T={t}: " + ("failed" if base["encoder_forward_extra_kb"][str(t)] is None else
+                                          f"{base['encoder_forward_extra_kb'][str(t)] / 1024:.1f} MiB")
+                            for t in args.lengths))
+    targets = ["| group | systems | " + " | ".join(TARGET_METRICS.values()) + " |", "|---|---|---|---|---|"]
+    for g in TARGETS:
+        targets.append(f"| {g['group']} | {', '.join(g['systems'])} | "
+                       + " | ".join(f"≤{g[key]:.2f}" for key in TARGET_METRICS) + " |")
+    return table, absolute, "\n".join(targets)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="benchmark-work")
-    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
-    p.add_argument("--arch", default="transformer_pe_wmt_en_de", help="(transformer_pe_tiny for a smoke test)")
+def plot(args, results, path):
+    import logging
+
+    import matplotlib
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's import set the root logger to DEBUG
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    names = [n for n in results if n != STOCK]
+    groups = [g["group"] for g in TARGETS] + ["(no target)"]
+    tab10 = plt.get_cmap("tab10")
+    group_colour = dict(zip(groups, [tab10(i) for i in (0, 1, 2, 4, 5, 7)]))
+    set2 = plt.get_cmap("Set2")
+    length_colour = {t: set2(i % 8) for i, t in enumerate(args.lengths)}
+    target_line = Line2D([], [], color="black", linewidth=2.5, label="target")
+    stock_line = Line2D([], [], color="grey", linestyle="--", linewidth=1, label="stock = 1")
+    panels = list(METRICS.items()) + [("encoder", "encoder forward memory")]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(8.0, 0.7 * len(names) + 3) + 3, 3.4 * len(panels)),
+                             squeeze=False)
+    x = list(range(len(names)))
+    for ax, (key, label) in zip(axes[:, 0], panels):
+        if key == "encoder":
+            columns = [(f"encoder_{t}", length_colour[t], f"T={t}") for t in args.lengths]
+        else:
+            columns = [(key, None, None)]
+        width = 0.8 / len(columns)
+        for j, (ratio_key, colour, _) in enumerate(columns):
+            xs = [i - 0.4 + width * (j + 0.5) for i in x]
+            values = [results[n]["ratios"].get(ratio_key) for n in names]
+            colours = [colour or group_colour[results[n]["target_group"] or "(no target)"] for n in names]
+            ax.bar(xs, [v or 0 for v in values], width * 0.92, color=colours)
+            for xi, n, v in zip(xs, names, values):
+                target = results[n]["targets"].get(ratio_key)
+                if target:
+                    ax.hlines(target["target"], xi - width / 2, xi + width / 2, colors="black", linewidth=2.5)
+                if len(columns) == 1:  # the value, above the bar and its target
+                    top = max(v or 0, target["target"] if target else 0)
+                    ax.annotate("n/a" if v is None else f"{v:.2f}", (xi, top), ha="center", va="bottom",
+                                fontsize=7, xytext=(0, 3), textcoords="offset points")
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+        if key == "encoder":
+            handles = [Patch(color=c, label=text) for _, c, text in columns]
+            if TARGET_LENGTH in args.lengths:
+                handles.append(Line2D([], [], color="black", linewidth=2.5, label=f"target (T={TARGET_LENGTH})"))
+        else:
+            used = [g for g in groups if any((results[n]["target_group"] or "(no target)") == g for n in names)]
+            handles = [Patch(color=group_colour[g], label=g) for g in used]
+            if key in TARGET_METRICS:
+                handles.append(target_line)
+        ax.legend(handles=handles + [stock_line], fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.set_title(f"{label}, ratio to stock")
+        ax.set_ylabel("× stock")
+        ax.set_ylim(0, max([1.0] + [b.get_height() for b in ax.patches]
+                           + [t["target"] for n in names for t in results[n]["targets"].values()]) * 1.3)
+        ax.set_xticks(x)
+        ax.set_xticklabels(names, rotation=30, ha="right")
+    fig.suptitle(f"{args.arch} vs stock {args.stock_arch} (CPU, {args.threads} threads)")
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
+    savefig(fig, path, dpi=100)
+    plt.close(fig)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="benchmark_positions.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="benchmark-work", help="results and work files")
+    p.add_argument("--force", action="store_true", help="replace the results of an earlier run in --out")
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=[STOCK] + list(SYSTEMS),
+                   help="the plugin systems to measure (default: all); stock is always measured")
+    p.add_argument("--size", choices=list(SIZES), default="wmt",
+                   help="stock transformer_wmt_en_de vs transformer_pe_wmt_en_de (wmt), transformer_iwslt_de_en vs "
+                        "transformer_pe_iwslt_de_en (iwslt), or stock transformer with 2+2 layers, 64 dims, 4 heads, "
+                        "FFN 256 vs transformer_pe_tiny (tiny, for smoke tests)")
+    p.add_argument("--arch", help="the plugin's architecture (overrides --size)")
+    p.add_argument("--stock-arch", help="stock fairseq's architecture (overrides --size)")
+    p.add_argument("--stock-flags", metavar="'FLAGS'",
+                   help="model flags of the stock architecture, one string (overrides --size's), given as "
+                        "--stock-flags='--encoder-layers 2 ...'")
     p.add_argument("--updates", type=int, default=10)
     p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--vocab", type=int, default=8000, help="words of the shared vocabulary")
     p.add_argument("--sentences", type=int, default=3000, help="random training sentences")
     p.add_argument("--gen-sentences", type=int, default=32, help="test sentences to decode")
-    p.add_argument("--gen-len", type=int, default=40)
-    p.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 2048])
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--repeats", type=int, default=2, help="timing rounds; the fastest counts")
-    args = p.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
-    data = make_data(args.out, args.sentences, args.gen_sentences)
-    systems = [BASELINE] + [s for s in args.systems if s != BASELINE]
-    results = {}
+    p.add_argument("--gen-len", type=int, default=40, help="tokens of every hypothesis")
+    p.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 2048, 4096],
+                   help="sentence lengths of the encoder memory measurement")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads of every measurement")
+    p.add_argument("--repeats", type=int, default=3, help="timing rounds; the fastest counts")
+    args = p.parse_args(argv)
+    for flag in ("updates", "max_tokens", "vocab", "sentences", "gen_sentences", "gen_len", "threads", "repeats"):
+        if getattr(args, flag) < 1:
+            raise UserError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    if min(args.lengths) < 1:
+        raise UserError(f"--lengths must be at least 1, got {min(args.lengths)}")
+    args.lengths = list(dict.fromkeys(args.lengths))
+    stock_arch, stock_flags, arch = SIZES[args.size]
+    args.arch = args.arch or arch
+    args.stock_arch = args.stock_arch or stock_arch
+    args.stock_flags_list = shlex.split(args.stock_flags) if args.stock_flags is not None else list(stock_flags)
+    args.stock_flags = " ".join(args.stock_flags_list)
+    for flag in ("--user-dir", "--arch"):
+        if flag in args.stock_flags_list:
+            raise UserError(f"--stock-flags cannot hold {flag}")
+    return args
+
+
+@cli
+def main(argv=None):
+    try:
+        return benchmark(argv)
+    except MeasurementFailed as e:
+        raise SystemExit(f"benchmark_positions.py: {e}") from None
+
+
+def benchmark(argv):
+    args = parse_args(argv)
+    outputs = [os.path.join(args.out, f"benchmark.{ext}") for ext in ("md", "json", "png")]
+    check_new_files(outputs, args.force, flag="--out", where=args.out)
+    stock_sizes = model_sizes(False, args.stock_arch, args.stock_flags_list + MODEL_FLAGS)
+    plugin_sizes = model_sizes(True, args.arch, MODEL_FLAGS)
+    differ = {k: (stock_sizes[k], plugin_sizes[k]) for k in SIZE_KEYS if stock_sizes[k] != plugin_sizes[k]}
+    if differ:
+        raise UserError(f"--stock-arch {args.stock_arch} (--stock-flags {args.stock_flags!r}) and --arch {args.arch} "
+                        f"differ: {', '.join(f'{k} {a} vs {b}' for k, (a, b) in differ.items())}; pick a --size, "
+                        "or make --stock-arch/--stock-flags match --arch")
+    systems = [STOCK] + [s for s in dict.fromkeys(args.systems) if s != STOCK]
+
+    work = os.path.join(args.out, "work")
+    os.makedirs(work, exist_ok=True)
+    threads = str(args.threads)
+    env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONWARNINGS="ignore",
+               TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1")
+    data = make_data(work, args.sentences, args.gen_sentences, args.vocab)
+    cmds = {name: commands(args, name, data, os.path.join(work, "ckpt", name)) for name in systems}
+    plan = []
     for round_ in range(args.repeats):
-        # every round measures all systems again; a system's time is its fastest round, which
-        # discounts slowdowns from the machine (the first round also measures memory)
-        log(f"round {round_ + 1}/{args.repeats}")
         for name in systems:
-            r = measure(args, name, SYSTEMS[name], data, env, encoder_memory=round_ == 0)
-            if name not in results:
-                results[name] = dict(r, train_s_rounds=[], generate_s_rounds=[])
-            results[name]["train_s_rounds"].append(r["train_s"])
-            results[name]["generate_s_rounds"].append(r["generate_s"])
-            results[name]["train_s"] = min(results[name]["train_s_rounds"])
-            results[name]["generate_s"] = min(results[name]["generate_s_rounds"])
-    text = table(results, args.lengths)
-    settings = (f"{args.arch}, {args.updates} updates of --max-tokens {args.max_tokens}, "
-                f"{args.threads} threads, fastest of {args.repeats} rounds; generation: beam 4, {args.gen_sentences} sentences × {args.gen_len} tokens")
-    with open(os.path.join(args.out, "benchmark.md"), "w") as f:
-        f.write(settings + "\n\n" + text + "\n")
-    with open(os.path.join(args.out, "benchmark.json"), "w") as f:
-        json.dump({"settings": vars(args), "results": results}, f, indent=2)
-    print(settings + "\n\n" + text)
+            plan += [(name, "train"), (name, "generate")]
+            if round_ == 0:
+                plan += [(name, f"encoder T={t}") for t in args.lengths]
+    progress = Progress(plan)
+    log(f"{len(systems)} systems ({', '.join(systems)}), {args.repeats} rounds, {len(plan)} measurements; "
+        f"stock {args.stock_arch} vs {args.arch}, {args.threads} threads")
+    machine = {"cpus": os.cpu_count(), "load_before": machine_load()}
+    if machine["load_before"] is not None and machine["load_before"] + args.threads > (os.cpu_count() or 1) + 0.5:
+        # with more busy threads than cores, every torch operation waits for a descheduled thread
+        log(f"warning: load average {machine['load_before']:.1f} on {os.cpu_count()} CPUs: other processes are "
+            f"running; {args.threads} thread{'s' if args.threads > 1 else ''} will not get cores of their own and "
+            "the times will be unreliable")
+    results = {name: {"flags": " ".join(SYSTEMS.get(name, args.stock_flags_list)), "commands": cmds[name],
+                      "sizes": stock_sizes if name == STOCK else plugin_sizes, "rounds": []} for name in systems}
+    for round_ in range(1, args.repeats + 1):
+        # every round measures all systems again, stock first; a time is the fastest round, which
+        # discounts slowdowns of the machine (the first round also measures the encoder memory)
+        for name in systems:
+            label = f"{round_}/{args.repeats}"
+            log(f"round {label}, {name}: {results[name]['flags'] or args.stock_arch}")
+            r = results[name]
+            r["rounds"].append(train_and_generate(args, name, cmds[name], env, progress, label))
+            if round_ == 1:
+                r["encoder_forward_extra_kb"], r["encoder_errors"], r["params"] = encoder_memory(
+                    args, name, cmds[name], env, progress, label)
+            for key in ("train_s", "generate_s", "train_peak_kb", "generate_peak_kb"):
+                r[key] = min(x[key] for x in r["rounds"])
+    machine["load_after"] = machine_load()
+    compute_ratios(results, args.lengths)
+    table, absolute, targets = report(args, results)
+    line, totals = summary(results)
+    settings = (f"Stock fairseq `{args.stock_arch}`{' ' + args.stock_flags if args.stock_flags else ''} vs the "
+                f"plugin's `{args.arch}`: shared {args.vocab}-word vocabulary (--share-all-embeddings), dropout 0; "
+                f"CPU, {args.threads} threads; training: {args.updates} updates of --max-tokens {args.max_tokens}; "
+                f"generation: beam 4, {args.gen_sentences} sentences × {args.gen_len} tokens; fastest of "
+                f"{args.repeats} rounds; encoder forward: one sentence, train mode, autograd on. Ratios to stock "
+                f"(✓/✗: the target of the system's group, below).")
+    text = (f"# Position encodings vs stock fairseq\n\n{settings}\n\n{table}\n\n{absolute}\n\n{line}\n\n"
+            f"Targets (ratios to stock, CPU, at most):\n\n{targets}\n")
+    payload = {"settings": {**{k: v for k, v in vars(args).items() if k != "stock_flags_list"},
+                            "model_flags": MODEL_FLAGS, "target_length": TARGET_LENGTH,
+                            "env": {k: env[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                                        "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")},
+                            "encoder_env": {"MALLOC_MMAP_THRESHOLD_": str(64 * 1024)},
+                            "python": sys.version.split()[0], "machine": machine},
+               "baseline": STOCK, "systems": {name: results[name]["flags"] for name in systems},
+               "targets": TARGETS, "results": results, "summary": {"line": line, **totals}}
+    write_json(outputs[1], payload, indent=2)
+    plot(args, results, outputs[2])
+    write_text(outputs[0], text)
+    print(f"{settings}\n\n{table}\n\n{absolute}\n\n{line}", flush=True)
+    log(f"wrote {', '.join(outputs)} in {duration(time.time() - progress.start)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

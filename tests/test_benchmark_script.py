@@ -1,4 +1,4 @@
-"""The benchmark script runs end to end (tiny settings; it measures, it does not assert speed)."""
+"""The benchmark scripts run end to end (tiny settings; they measure, they do not assert speed)."""
 
 import json
 import os
@@ -7,26 +7,94 @@ import sys
 
 from helpers import REPO
 
+BENCHMARK = os.path.join(REPO, "scripts", "benchmark_positions.py")
+
+
+def cells(md, system):
+    """The cells of a system's row of the Markdown table."""
+    rows = [line for line in md.splitlines() if line.startswith(f"| {system} |")]
+    assert len(rows) == 1, md
+    return [c.strip() for c in rows[0].strip("|").split("|")]
+
 
 def test_benchmark_script_smoke(tmp_path):
     out = tmp_path / "bench"
-    proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "scripts", "benchmark_positions.py"), "--out", str(out),
-         "--arch", "transformer_pe_tiny", "--systems", "rpe-learned", "floater-bias", "--updates", "2",
-         "--max-tokens", "500", "--sentences", "60", "--gen-sentences", "5", "--gen-len", "6",
-         "--lengths", "64", "--threads", "1", "--repeats", "2"],
-        capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    cmd = [sys.executable, BENCHMARK, "--out", str(out), "--size", "tiny",
+           "--systems", "rpe-learned", "ape-sinusoidal-fairseq", "--updates", "2", "--max-tokens", "500",
+           "--sentences", "40", "--gen-sentences", "3", "--gen-len", "5", "--vocab", "50", "--lengths", "64",
+           "--threads", "1", "--repeats", "2"]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads((out / "benchmark.json").read_text())["results"]
-    assert list(res) == ["ape-sinusoidal", "rpe-learned", "floater-bias"]
-    for r in res.values():
-        assert r["train_s"] > 0 and r["generate_s"] > 0 and r["train_peak_kb"] > 0
-        assert len(r["train_s_rounds"]) == 2 and r["train_s"] == min(r["train_s_rounds"])
+    data = json.loads((out / "benchmark.json").read_text())
+    res = data["results"]
+    # stock fairseq is the baseline, measured first; then the systems asked for
+    assert list(res) == ["stock", "rpe-learned", "ape-sinusoidal-fairseq"]
+    assert data["baseline"] == "stock" and data["settings"]["stock_arch"] == "transformer"
+    assert data["settings"]["arch"] == "transformer_pe_tiny"
+    for name, r in res.items():
+        assert r["train_s"] >= 0 and r["generate_s"] > 0 and r["train_peak_kb"] > 0
+        assert len(r["rounds"]) == 2 and r["train_s"] == min(x["train_s"] for x in r["rounds"])
+        assert r["generate_s"] == min(x["generate_s"] for x in r["rounds"])
         assert set(r["encoder_forward_extra_kb"]) == {"64"}
-    lines = (out / "benchmark.md").read_text().splitlines()
-    assert any(line.startswith("| ape-sinusoidal | 1.00× | 1.00× | 1.00× | 1.00× |") for line in lines)
-    assert any(line.startswith("| rpe-learned |") for line in lines)
-    assert any(line.startswith("| floater-bias |") for line in lines)
+        # the same model size, the same shared vocabulary and no dropout for everyone
+        assert r["sizes"] == res["stock"]["sizes"]
+        assert r["sizes"]["encoder_layers"] == 2 and r["sizes"]["encoder_embed_dim"] == 64
+        train, generate = r["commands"]["train"], r["commands"]["generate"]
+        for flag in ("--share-all-embeddings", "--dropout", "--attention-dropout", "--activation-dropout"):
+            assert flag in train
+        plugin = name != "stock"
+        # stock fairseq runs without the plugin; every other system with it
+        assert ("--user-dir" in train) == plugin and ("--user-dir" in generate) == plugin
+        assert r["commands"]["encoder"][0] == ("plugin" if plugin else "stock")
+    assert res["stock"]["commands"]["train"][res["stock"]["commands"]["train"].index("--arch") + 1] == "transformer"
+    assert "--pe-absolute" not in res["stock"]["commands"]["train"]
+    assert res["ape-sinusoidal-fairseq"]["flags"] == "--pe-absolute sinusoidal-fairseq"
+
+    md = (out / "benchmark.md").read_text()
+    head = cells(md, "system")
+    assert head[:5] == ["system", "train time", "train peak mem", "generation time", "enc. mem T=64"]
+    stock = res["stock"]
+    figures = [stock["train_s"], stock["train_peak_kb"], stock["generate_s"], stock["encoder_forward_extra_kb"]["64"]]
+    assert cells(md, "stock")[1:5] == ["1.00×" if f > 0 else "n/a" for f in figures]
+    assert stock["train_peak_kb"] > 0 and stock["generate_s"] > 0
+    # the ratios are the JSON's numbers divided by stock's, with the target of the system's group
+    # (a stock figure of 0, e.g. "done training in 0.0 seconds" on a fast machine, gives "n/a")
+    def ratio(system, value):
+        base = value(res["stock"])
+        return None if base <= 0 else value(res[system]) / base
+
+    row = cells(md, "rpe-learned")
+    train_ratio = ratio("rpe-learned", lambda r: r["train_s"])
+    target = res["rpe-learned"]["targets"]["train_s"]
+    assert target["target"] == 1.20
+    if train_ratio is None:
+        assert row[1] == "n/a" and target["met"] is None
+    else:
+        assert row[1].startswith(f"{train_ratio:.2f}×")
+        assert target["met"] == (round(train_ratio, 2) <= 1.20)
+        assert row[1] == f"{train_ratio:.2f}× " + ("✓" if target["met"] else "✗ (≤1.20)")
+    gen_ratio = ratio("ape-sinusoidal-fairseq", lambda r: r["generate_s"])
+    assert cells(md, "ape-sinusoidal-fairseq")[3].startswith(f"{gen_ratio:.2f}×")
+    enc_ratio = ratio("rpe-learned", lambda r: r["encoder_forward_extra_kb"]["64"])
+    assert row[4] == ("n/a" if enc_ratio is None else f"{enc_ratio:.2f}×")  # no target at T=64
+    assert res["ape-sinusoidal-fairseq"]["target_group"] == "none + every APE"
+    # stock's absolute figures, the summary line (also on stdout), the targets table
+    assert f"train {res['stock']['train_s']:.1f} s" in md
+    assert data["summary"]["line"] in md and data["summary"]["line"] in proc.stdout
+    assert data["summary"]["line"].startswith("targets: ")
+    assert "| Shaw, NEZHA, learnable-sin RPE | rpe-* | ≤1.20 | ≤2.00 | ≤1.10 |" in md
+    assert (out / "benchmark.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # progress: one line per measurement, with the round and what is left
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("[benchmark ")]
+    assert any("round 2/2, stock: train" in line and "left" in line for line in progress)
+    assert sum("encoder forward T=64" in line for line in progress) == 3
+
+    # a second run into the same --out needs --force
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert "--force" in again.stderr and "benchmark.md" in again.stderr
+    assert json.loads((out / "benchmark.json").read_text()) == data  # untouched
 
 
 def test_analysis_benchmark_script_smoke(tmp_path):

@@ -237,3 +237,32 @@ def test_floater_flags_reach_the_model_defaults_documented():
     assert (flow.dt, flow.solver, flow.substeps, flow.adjoint, flow.refresh_updates, flow.hidden_dim) == \
         (0.01, "rk4", 1, False, 1, 64)
     assert flow.kind == "ode" and flow.append_time and flow.lr_scale == 1.0
+
+
+def test_long_solves_keep_no_graph_and_give_the_same_gradients(monkeypatch):
+    """A solve past CHECKPOINT_SOLVE_ELEMENTS keeps no autograd graph in the forward pass (backward solves
+    again): far fewer tensors kept for backward, and the same gradients as with the graph kept."""
+    import fairseq_pe.positional.floater as floater_module
+
+    model, d = build_model("--pe-absolute", "floater", "--pe-all-blocks", "--pe-floater-bias",
+                           "--dropout", "0", "--attention-dropout", "0")
+    model.train()
+    src, prev = random_tokens(d, 2, 12), random_tokens(d, 2, 9, seed=1)
+
+    def run(threshold):
+        monkeypatch.setattr(floater_module, "CHECKPOINT_SOLVE_ELEMENTS", threshold)
+        model.zero_grad()
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+            out, _ = model(src, torch.tensor([12, 12]), prev)
+        out.pow(2).mean().backward()
+        return len(saved), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    kept_graph, expected = run(1 << 60)
+    recomputed, got = run(1)
+    assert recomputed < kept_graph / 2, (recomputed, kept_graph)
+    assert got.keys() == expected.keys()
+    dynamics = [n for n in got if "floater" in n and "dynamics" in n]
+    assert dynamics and any(got[n].abs().sum() > 0 for n in dynamics)
+    for name in got:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-7, msg=name)

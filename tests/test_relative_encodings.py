@@ -1,4 +1,4 @@
-"""Unit tests of the relative position encodings and of RelativeSelfAttention."""
+"""Unit tests of the relative position encodings and of their attention (PositionAttention)."""
 
 import math
 from types import SimpleNamespace
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fairseq_pe.models.attention import RelativeSelfAttention
+from fairseq_pe.models.attention import PositionAttention
 from fairseq_pe.positional import build_position_encoding, position_encoding_choices
 from fairseq_pe.positional.alibi import alibi_slopes
 from fairseq_pe.positional.base import relative_distances
@@ -120,7 +120,7 @@ def test_alibi_slopes_for_8_and_12_heads():
 @pytest.mark.parametrize("causal", [False, True])
 def test_alibi_bias_is_minus_slope_times_distance(causal):
     enc = encoding("alibi", heads=8, causal=causal)
-    bias = enc.logit_terms(torch.zeros(8, 5, 4), 5, 5, 0, 1)
+    bias = enc.position_bias(5, 5, 0, 1)
     slopes = torch.tensor(alibi_slopes(8))
     for i in range(5):
         for j in range(5):
@@ -168,8 +168,10 @@ def model_flags(absolute, relative, *extra):
                             ("learned", "rope", ("--pe-all-blocks",))])
 def test_incremental_decoding_equals_full_forward(absolute, relative, extra):
     model, d = build_model(*model_flags(absolute, relative, *extra))
-    assert isinstance(model.decoder.layers[1].self_attn, RelativeSelfAttention)
-    assert not isinstance(model.decoder.layers[1].encoder_attn, RelativeSelfAttention)  # no cross-attention term
+    layer = model.decoder.layers[1]
+    assert isinstance(layer.self_attn, PositionAttention) and isinstance(layer.encoder_attn, PositionAttention)
+    assert layer.self_attn.relative is model.decoder.embed_positions.relative
+    assert layer.encoder_attn.relative is None  # no cross-attention term
     assert_incremental_equals_full(model, d)
 
 

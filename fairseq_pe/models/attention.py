@@ -1,38 +1,102 @@
-"""Self-attention with a relative position encoding, as a subclass of fairseq's MultiheadAttention.
+"""Every attention of ``transformer_pe`` and ``roberta_pe``: fairseq's MultiheadAttention on torch's
+fused kernels, with the hooks of a relative position encoding.
 
-fairseq's attention has no hook that sees the queries or the attention probabilities, which
-Shaw-style encodings need (q_i·a^K_{j-i} in the logits, Σ_j α_ij a^V_{j-i} in the output), so
-this subclass overrides ``forward`` with a self-attention-only implementation that calls the
-encoding's three hooks (see :class:`~fairseq_pe.positional.base.RelativePositionEncoding`).
-It keeps fairseq's parameters (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``), dropout,
-masks and incremental-state buffers (``prev_key``, ``prev_value``, ``prev_key_padding_mask``),
-so fairseq's ``reorder_incremental_state`` serves beam search unchanged.  Cross-attention
-keeps fairseq's stock module: it has no relative term.
+fairseq's own fast path (``F.multi_head_attention_forward``) reads the projection weights directly,
+so it would bypass FLOATER's forward hooks on ``q_proj``/``k_proj``/``v_proj`` and every relative
+term.  :class:`PositionAttention` keeps fairseq's parameters, state-dict keys, dropout, masks and
+incremental-state buffers and computes, for queries Q, keys K, values V of one head
+(Vaswani et al. 2017, Eq. 1, with the encoding's terms, see
+:class:`~fairseq_pe.positional.base.RelativePositionEncoding`):
+
+    Q, K   = rotate(Q, K)                                          (RoPE)
+    A      = softmax(Q Kᵀ/√d + B + Lq + M)                         B = position_bias (ALiBi, T5),
+    out    = A V + value_terms(A)                                  Lq = logit_terms(Q) (Shaw family),
+                                                                   M = causal and padding masks
+
+along three paths, whose results agree to float rounding:
+
+* **fused** (training and full forward passes, no weights requested): the projections (hooks
+  included), ``rotate``, then ``torch.nn.functional.scaled_dot_product_attention`` with B + M as
+  one float ``attn_mask`` in the logits' dtype.  B depends on positions only: it is computed once
+  per pass and shape and shared by the side's layers, and broadcasts over the batch (padding is
+  merged in only where a batch has some).  Nothing of size B × H × T × S is kept for backward.
+* **blockwise** (Lq or value terms, or a B that needs a gradient, while autograd records): torch's
+  kernel gives no gradient for a float mask without materialising the probabilities (measured:
+  6 layers, T = 2048, 8 heads: 1130 MiB and 13× the time of no mask), and the value term
+  Σ_j A_ij a^V_{j−i} needs A itself.  The attention is computed explicitly over blocks of query
+  rows (about ``BLOCK_ELEMENTS`` logits each), each block under ``torch.utils.checkpoint``: the
+  forward pass keeps only Q, K, V; backward recomputes one block at a time.
+* **explicit** (step-by-step decoding, ``need_weights``, ``need_head_weights``, ``before_softmax``,
+  ``--print-alignment``, the analysis): fairseq's own Python implementation when there is no
+  relative encoding (the path stock fairseq takes there too), else the same computation as the
+  blockwise path in one block, with the weights returned.
 """
 
 from typing import Dict, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from fairseq import utils
 from fairseq.modules import MultiheadAttention
 
+#: logits per block of the blockwise path (B·H·rows·S): 4M floats, 16 MiB in float32
+BLOCK_ELEMENTS = 1 << 22
 
-class RelativeSelfAttention(MultiheadAttention):
+
+def merged_mask(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], bias: Optional[Tensor],
+                bsz: int, tgt_len: int, src_len: int, dtype) -> Optional[Tensor]:
+    """One additive float mask for SDPA, broadcastable to (B, H, T, S): fairseq's ``attn_mask`` (T, S),
+    the padding (B, S, True at padding) and a position bias (H, T, S).  Each keeps its own size
+    ((1, 1, T, S), (B, 1, 1, S), (1, H, T, S)); the sum has the batch dimension only with padding."""
+    mask = None
+    if attn_mask is not None:
+        mask = attn_mask.to(dtype).view(1, 1, tgt_len, src_len)
+    if bias is not None:
+        bias = bias.to(dtype).unsqueeze(0)
+        mask = bias if mask is None else mask + bias
+    if key_padding_mask is not None:
+        padding = torch.zeros(bsz, 1, 1, src_len, dtype=dtype, device=key_padding_mask.device).masked_fill_(
+            key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), float("-inf"))
+        mask = padding if mask is None else mask + padding
+    return mask
+
+
+class PositionAttention(MultiheadAttention):
+    """fairseq's attention on SDPA, with a relative encoding's hooks (module docstring)."""
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if not self.self_attention:
-            raise ValueError("relative position encodings apply to self-attention only "
-                             "(--cross-self-attention is not supported with --pe-relative)")
-        if self.bias_k is not None or self.add_zero_attn:
-            raise ValueError("--pe-relative does not support add_bias_kv / add_zero_attn")
-        self._set_skip_embed_dim_check()  # never the fused path: it would skip the relative terms
+        self._init_position_attention()
+
+    def _init_position_attention(self):
+        # fairseq's fused path reads the projection weights itself (it would skip FLOATER's projection
+        # hooks); this class calls torch's kernel itself, so super().forward is always the Python path
+        self._set_skip_embed_dim_check()
         self.relative = None
         self.block = 1
 
+    @classmethod
+    def adopt(cls, attention: MultiheadAttention) -> "PositionAttention":
+        """Make a MultiheadAttention that fairseq's ``build_*_attention`` built (with whatever arguments
+        its version passes) a PositionAttention: same parameters, same state-dict keys."""
+        if type(attention) is not MultiheadAttention:
+            raise TypeError(f"expected fairseq's MultiheadAttention, got {type(attention).__name__}")
+        attention.__class__ = cls
+        attention._init_position_attention()
+        return attention
+
     def attach_relative(self, relative, block: int):
-        # a plain reference: the encoding is a submodule of the encoder/decoder, shared by its layers
+        """Use ``relative`` (a RelativePositionEncoding shared by the side's layers) as block ``block``."""
+        if relative is not None:
+            if not self.self_attention:
+                raise ValueError("relative position encodings apply to self-attention only "
+                                 "(--cross-self-attention is not supported with --pe-relative)")
+            if self.bias_k is not None or self.add_zero_attn:
+                raise ValueError("--pe-relative does not support add_bias_kv / add_zero_attn")
+        # a plain reference: the encoding is a submodule of the encoder/decoder already
         object.__setattr__(self, "relative", relative)
         self.block = block
 
@@ -49,65 +113,128 @@ class RelativeSelfAttention(MultiheadAttention):
         before_softmax: bool = False,
         need_head_weights: bool = False,
     ):
-        if need_head_weights:
-            need_weights = True
+        explicit = need_weights or need_head_weights or before_softmax or incremental_state is not None
+        if self.relative is None and (explicit or self.bias_k is not None or self.add_zero_attn
+                                      or self.onnx_trace or key is None):
+            return super().forward(query, key, value, key_padding_mask, incremental_state, need_weights,
+                                   static_kv, attn_mask, before_softmax, need_head_weights)
         tgt_len, bsz, embed_dim = query.size()
         heads, head_dim = self.num_heads, self.head_dim
 
-        def split_heads(x):  # (T, B, E) -> (B·H, T, d)
-            return x.contiguous().view(-1, bsz * heads, head_dim).transpose(0, 1)
+        def split_heads(x):  # (T, B, E) -> (B, H, T, d)
+            return x.view(-1, bsz, heads, head_dim).permute(1, 2, 0, 3)
 
-        q = split_heads(self.q_proj(query) * self.scaling)
-        k = split_heads(self.k_proj(query))
-        v = split_heads(self.v_proj(query))
+        q = split_heads(self.q_proj(query))
+        source = query if self.self_attention else key
+        k = split_heads(self.k_proj(source))
+        v = split_heads(self.v_proj(source if self.self_attention else value))
+        relative = self.relative
+        if relative is None:  # cross-attention, or self-attention without a relative encoding
+            return self._fused(q, k, v, 0, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim), None
 
-        saved = self._get_input_buffer(incremental_state) if incremental_state is not None else None
         query_offset = 0
-        if saved is not None and "prev_key" in saved:
-            query_offset = saved["prev_key"].size(2)
-        q, k = self.relative.rotate(q, k, query_offset, self.block)
-
+        if incremental_state is not None:
+            saved = self._get_input_buffer(incremental_state)
+            if "prev_key" in saved:
+                query_offset = saved["prev_key"].size(2)
+        q, k = relative.rotate(q, k, query_offset, self.block)
         if incremental_state is not None:
             if query_offset > 0:
-                k = torch.cat([saved["prev_key"].view(bsz * heads, -1, head_dim), k], dim=1)
-                v = torch.cat([saved["prev_value"].view(bsz * heads, -1, head_dim), v], dim=1)
+                k = torch.cat([saved["prev_key"], k], dim=2)
+                v = torch.cat([saved["prev_value"], v], dim=2)
             key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
-                key_padding_mask=key_padding_mask,
-                prev_key_padding_mask=saved.get("prev_key_padding_mask") if saved else None,
-                batch_size=bsz, src_len=k.size(1), static_kv=False,
-            )
-            saved = saved if saved is not None else {}
-            saved["prev_key"] = k.view(bsz, heads, -1, head_dim)
-            saved["prev_value"] = v.view(bsz, heads, -1, head_dim)
+                key_padding_mask=key_padding_mask, prev_key_padding_mask=saved.get("prev_key_padding_mask"),
+                batch_size=bsz, src_len=k.size(2), static_kv=False)
+            saved["prev_key"], saved["prev_value"] = k, v  # (B, H, S, d), as fairseq keeps them
             saved["prev_key_padding_mask"] = key_padding_mask
             self._set_input_buffer(incremental_state, saved)
-        src_len = k.size(1)
 
-        # in-place from here on: no (B, H, T, S) copies (bmm's backward needs q and k, not its output)
-        logits = torch.bmm(q, k.transpose(1, 2)).view(bsz, heads, tgt_len, src_len)
-        rel = self.relative.logit_terms(q, tgt_len, src_len, query_offset, self.block)
-        if rel is not None:
-            logits.add_(rel.to(logits.dtype))
-            del rel
-        if attn_mask is not None:
-            logits.add_(attn_mask)
-        if key_padding_mask is not None:
-            logits.masked_fill_(key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), float("-inf"))
-        logits = logits.view(bsz * heads, tgt_len, src_len)
-        if before_softmax:
-            return logits, v
+        if not explicit and not relative.query_terms and not (torch.is_grad_enabled() and relative.bias_requires_grad):
+            return self._fused(q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim), None
 
-        probs_float = utils.softmax(logits, dim=-1, onnx_trace=self.onnx_trace)
-        probs = self.dropout_module(probs_float.type_as(logits))
-        out = torch.bmm(probs, v)
-        rel_values = self.relative.value_terms(probs, tgt_len, src_len, query_offset, self.block)
-        if rel_values is not None:
-            out = out + rel_values.to(out.dtype)
-        out = self.out_proj(out.transpose(0, 1).contiguous().view(tgt_len, bsz, embed_dim))
-
+        src_len = k.size(2)
+        q = q * self.scaling
+        if explicit:
+            out, probs, logits = self._explicit(q, k, v, attn_mask, key_padding_mask, query_offset, 0, tgt_len,
+                                                need_probs=True, before_softmax=before_softmax)
+            if before_softmax:
+                return logits.view(bsz * heads, tgt_len, src_len), v.reshape(bsz * heads, src_len, head_dim)
+        else:
+            rows = max(1, BLOCK_ELEMENTS // max(1, bsz * heads * src_len))
+            record = torch.is_grad_enabled()
+            blocks = []
+            for start in range(0, tgt_len, rows):
+                end = min(tgt_len, start + rows)
+                args = (q[:, :, start:end], k, v, attn_mask, key_padding_mask, query_offset, start, end)
+                if record:
+                    blocks.append(checkpoint(self._block, *args, use_reentrant=False))
+                else:
+                    blocks.append(self._block(*args))
+            out = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)
+            probs = None
+        out = self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim))
         weights = None
-        if need_weights:
-            weights = probs_float.view(bsz, heads, tgt_len, src_len).transpose(1, 0)
+        if need_weights or need_head_weights:
+            weights = probs.transpose(1, 0)  # (H, B, T, S), as fairseq returns them
             if not need_head_weights:
                 weights = weights.mean(dim=0)
         return out, weights
+
+    def _fused(self, q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim):
+        """SDPA with one float mask (module docstring); returns the (T, B, E) output projection."""
+        src_len = k.size(2)
+        if key_padding_mask is not None and key_padding_mask.dim() == 0:
+            key_padding_mask = None
+        relative = self.relative
+
+        def mask():
+            bias = None if relative is None else relative.position_bias(tgt_len, src_len, query_offset, self.block)
+            return merged_mask(attn_mask, key_padding_mask, bias, bsz, tgt_len, src_len, q.dtype)
+
+        if relative is not None:  # the mask is the same for the layers of a pass that share the bias: built once
+            key = (bsz, tgt_len, src_len, query_offset, relative.bias_key(self.block), q.dtype, q.device)
+            mask = relative.mask_cache.get(key, (attn_mask, key_padding_mask), mask)
+        else:
+            mask = mask()
+        dropout = self.dropout_module
+        p = dropout.p if (self.training or dropout.apply_during_inference) else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=self.scaling)
+        return self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim))
+
+    def _block(self, q, k, v, attn_mask, key_padding_mask, query_offset, start, end):
+        """Query rows start..end of the attention output (B, H, rows, d), computed explicitly."""
+        return self._explicit(q, k, v, attn_mask, key_padding_mask, query_offset, start, end)[0]
+
+    def _explicit(self, q, k, v, attn_mask, key_padding_mask, query_offset, start, end,
+                  need_probs=False, before_softmax=False):
+        """Rows start..end of the attention with every relative term: (output, probabilities, logits).
+
+        ``q`` (B, H, rows, d) is scaled; ``k``, ``v`` (B, H, S, d) hold every key."""
+        bsz, heads, rows, head_dim = q.shape
+        src_len = k.size(2)
+        relative = self.relative
+        offset = query_offset + start
+        flat_q = q.reshape(bsz * heads, rows, head_dim)
+        logits = torch.bmm(flat_q, k.reshape(bsz * heads, src_len, head_dim).transpose(1, 2))
+        logits = logits.view(bsz, heads, rows, src_len)
+        # in place from here on: no more (B, H, rows, S) copies (bmm's backward needs q and k, not its output)
+        term = relative.logit_terms(flat_q, rows, src_len, offset, self.block)
+        if term is not None:
+            logits.add_(term.to(logits.dtype))
+            del term
+        bias = relative.position_bias(end - start, src_len, offset, self.block)
+        if bias is not None:
+            logits.add_(bias.to(logits.dtype))
+        if attn_mask is not None:
+            logits.add_(attn_mask[start:end].to(logits.dtype))
+        if key_padding_mask is not None:
+            logits.masked_fill_(key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), float("-inf"))
+        if before_softmax:
+            return None, None, logits
+        probs_float = utils.softmax(logits, dim=-1, onnx_trace=self.onnx_trace)
+        probs = self.dropout_module(probs_float.type_as(logits))
+        out = torch.matmul(probs, v)
+        values = relative.value_terms(probs.view(bsz * heads, rows, src_len), rows, src_len, offset, self.block)
+        if values is not None:
+            out = out + values.view(bsz, heads, rows, head_dim).to(out.dtype)
+        return out, (probs_float if need_probs else None), None

@@ -5,11 +5,9 @@ They subclass fairseq's layers and override hooks only:
 * ``forward`` adds the block's absolute vectors to the block input (``--pe-all-blocks``), then
   runs fairseq's layer unchanged; FLOATER's Q/K/V biases (``--pe-floater-bias``) are forward
   hooks on the attention projections, installed by ``attach_positions``;
-* ``build_self_attention`` / ``build_encoder_attention`` build
-  :class:`~fairseq_pe.models.attention.RelativeSelfAttention` when ``--pe-relative`` is set, and
-  otherwise fairseq's attention with its fused fast path (``F.multi_head_attention_forward``)
-  switched off: that path bypasses the hooks of attention subclasses and differs numerically from
-  the step-by-step path used in incremental decoding.
+* ``build_self_attention`` / ``build_encoder_attention`` take the attention fairseq builds and make
+  it a :class:`~fairseq_pe.models.attention.PositionAttention` (torch's fused attention kernel,
+  with the relative encoding's hooks; same parameters and state-dict keys).
 
 A block's position tensors are computed once per pass by the side's
 :class:`~fairseq_pe.positional.PositionInjector` (:meth:`BlockPositionMixin.position_inputs`); under
@@ -22,13 +20,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 
 from fairseq_pe.positional.floater_bias import install_projection_biases
 
-from .attention import RelativeSelfAttention
-
-
-def python_attention_path(attention):
-    """Make a fairseq MultiheadAttention always take its Python implementation."""
-    attention._set_skip_embed_dim_check()
-    return attention
+from .attention import PositionAttention
 
 
 def wrap_layer(layer, cfg):
@@ -62,8 +54,7 @@ class BlockPositionMixin:
         # a plain reference: the injector is a submodule of the encoder/decoder already
         object.__setattr__(self, "position_injector", injector)
         self.block = block
-        if isinstance(self.self_attn, RelativeSelfAttention):
-            self.self_attn.attach_relative(injector.relative, block)
+        self.self_attn.attach_relative(injector.relative, block)
         if injector.self_bias is not None:
             install_projection_biases(self.self_attn, self, "self")
         if injector.cross_bias is not None and getattr(self, "encoder_attn", None) is not None:
@@ -106,16 +97,8 @@ class BlockPositionMixin:
         if getattr(cfg, "pe_relative", "none") != "none":
             if add_bias_kv or add_zero_attn:
                 raise ValueError("--pe-relative does not support add_bias_kv / add_zero_attn")
-            return RelativeSelfAttention(
-                embed_dim,
-                getattr(cfg, self.attention_heads).attention_heads,
-                dropout=cfg.attention_dropout,
-                self_attention=True,
-                q_noise=self.quant_noise,
-                qn_block_size=self.quant_noise_block_size,
-            )
         extra = {"add_bias_kv": add_bias_kv, "add_zero_attn": add_zero_attn} if add_bias_kv or add_zero_attn else {}
-        return python_attention_path(super().build_self_attention(embed_dim, cfg, **extra))
+        return PositionAttention.adopt(super().build_self_attention(embed_dim, cfg, **extra))
 
 
 class PositionAwareEncoderLayer(BlockPositionMixin, TransformerEncoderLayerBase):
@@ -126,4 +109,4 @@ class PositionAwareDecoderLayer(BlockPositionMixin, TransformerDecoderLayerBase)
     attention_heads = "decoder"
 
     def build_encoder_attention(self, *args, **kwargs):
-        return python_attention_path(super().build_encoder_attention(*args, **kwargs))
+        return PositionAttention.adopt(super().build_encoder_attention(*args, **kwargs))

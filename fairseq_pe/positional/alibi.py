@@ -13,7 +13,7 @@ from typing import List
 
 import torch
 
-from .base import Float32State, RelativePositionEncoding, register_position_encoding, relative_distances
+from .base import Float32State, RelativePositionEncoding, WeakCache, register_position_encoding, relative_distances
 
 
 def alibi_slopes(num_heads: int) -> List[float]:
@@ -34,11 +34,12 @@ class ALiBiPositionBias(Float32State, RelativePositionEncoding):
     def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
         super().__init__(embed_dim, num_heads, num_blocks, causal, args)
         self.register_buffer("slopes", torch.tensor(alibi_slopes(num_heads)), persistent=False)
-        self._cache = None
+        self._cache = WeakCache()
 
-    def logit_terms(self, q, tgt_len, src_len, query_offset, block):
-        key = (tgt_len, src_len, query_offset, q.device, q.dtype)
-        if self._cache is None or self._cache[0] != key:  # the same bias serves every layer
-            dist = relative_distances(tgt_len, src_len, query_offset, q.device).abs()
-            self._cache = (key, (-self.slopes.view(-1, 1, 1) * dist).to(q.dtype))
-        return self._cache[1]  # (H, T, S)
+    def position_bias(self, tgt_len, src_len, query_offset, block):
+        def bias():
+            dist = relative_distances(tgt_len, src_len, query_offset, self.slopes.device).abs()
+            return -self.slopes.view(-1, 1, 1) * dist  # (H, T, S), float32
+
+        # the same bias serves every layer of a pass
+        return self._cache.get((tgt_len, src_len, query_offset, self.slopes.device), (), bias)

@@ -13,7 +13,8 @@ Two kinds of encoding plug in:
   with kind ``"relative"``.
 """
 
-from typing import Callable, Dict, Optional, Tuple
+import weakref
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -90,6 +91,27 @@ class Float32State(nn.Module):
         return module
 
 
+class WeakCache:
+    """One cached tensor, keyed by plain values and by the identity of some tensors, that keeps
+    nothing alive: the value lasts as long as someone uses it (the layers of one forward pass, or
+    autograd until backward), so a cache never holds a T × S tensor between passes."""
+
+    def __init__(self):
+        self._entry = None
+
+    def get(self, key, tensors: Sequence[Optional[torch.Tensor]], compute: Callable[[], torch.Tensor]):
+        entry = self._entry
+        if entry is not None and entry[0] == key and all(
+                (ref is None and t is None) or (ref is not None and ref() is t) for ref, t in zip(entry[1], tensors)):
+            value = entry[2]()
+            if value is not None:
+                return value
+        value = compute()
+        self._entry = None if value is None else (
+            key, tuple(None if t is None else weakref.ref(t) for t in tensors), weakref.ref(value))
+        return value
+
+
 class PositionOutOfRangeError(UserError):
     """A position beyond what an encoding can represent was requested."""
 
@@ -153,17 +175,25 @@ def relative_distances(tgt_len: int, src_len: int, query_offset: int, device=Non
 
 
 class RelativePositionEncoding(nn.Module):
-    """Interface of relative encodings, used by :class:`~fairseq_pe.models.attention.RelativeSelfAttention`.
+    """Interface of relative encodings, used by :class:`~fairseq_pe.models.attention.PositionAttention`.
 
-    Self-attention of block ``block`` (1-based) computes, for queries q (B·H × T × d) and
-    keys k (B·H × S × d), with query i at index ``query_offset + i``:
+    Self-attention of block ``block`` (1-based) computes, for queries q and keys k of shape
+    (B, H, T, d) and (B, H, S, d), query i at index ``query_offset + i``:
 
-        q, k   = rotate(q, k, query_offset, block)                  (rotary encodings)
-        logits = q·kᵀ + logit_terms(q, T, S, query_offset, block)   (Shaw-style, biases)
-        out    = probs·v + value_terms(probs, T, S, query_offset, block)
+        q, k   = rotate(q, k, query_offset, block)                        (rotary encodings)
+        logits = q·kᵀ/√d + position_bias(T, S, query_offset, block)       (ALiBi, T5: positions only)
+                         + logit_terms(q, T, S, query_offset, block)      (Shaw family: q·a^K_{j−i})
+        out    = probs·v + value_terms(probs, T, S, query_offset, block)  (Shaw family: Σ_j α_ij a^V_{j−i})
 
-    A method returning ``None`` contributes nothing.  ``logit_terms`` returns a tensor that
-    broadcasts to (B, H, T, S).  ``causal`` is True on the decoder side.
+    A method returning ``None`` contributes nothing.  ``position_bias`` is (H, T, S) and broadcasts
+    over the batch; ``logit_terms`` takes the scaled queries flattened to (B·H, T, d) and returns a
+    tensor that broadcasts to (B, H, T, S); ``value_terms`` takes (B·H, T, S) probabilities and
+    returns (B·H, T, d).  ``causal`` is True on the decoder side.
+
+    What the attention can use depends on two class attributes: ``query_terms`` (the encoding has
+    ``logit_terms``/``value_terms``, which need the probabilities: the attention computes them
+    explicitly, block by block) and :attr:`bias_requires_grad` (torch's fused kernel gives no
+    gradient for its mask).  An encoding with neither runs entirely in torch's fused kernel.
 
     Args:
         embed_dim: model dimension; ``head_dim`` = embed_dim / num_heads.
@@ -175,6 +205,8 @@ class RelativePositionEncoding(nn.Module):
     #: what ``--pe-relative-untie-layers`` / ``--pe-relative-untie-heads`` can untie ("layers", "heads"):
     #: a family without parameters per layer or head refuses the flags (they would change nothing)
     untiable = ()
+    #: whether the encoding has query-dependent terms (``logit_terms``, ``value_terms``)
+    query_terms = False
 
     def __init__(self, embed_dim: int, num_heads: int, num_blocks: int, causal: bool, args=None):
         super().__init__()
@@ -190,9 +222,24 @@ class RelativePositionEncoding(nn.Module):
         self.head_dim = embed_dim // num_heads
         self.num_blocks = num_blocks
         self.causal = causal
+        #: the attention mask built from ``position_bias`` and the pass's masks, shared by the layers
+        self.mask_cache = WeakCache()
+
+    @property
+    def bias_requires_grad(self) -> bool:
+        """Whether ``position_bias`` depends on trainable parameters."""
+        return False
+
+    def bias_key(self, block: int):
+        """Blocks with equal keys get the same ``position_bias`` (shared by all layers unless untied); an
+        encoding with parameters includes what changes when they change (their version counters)."""
+        return 0
 
     def rotate(self, q, k, query_offset: int, block: int):
         return q, k
+
+    def position_bias(self, tgt_len: int, src_len: int, query_offset: int, block: int):
+        return None
 
     def logit_terms(self, q, tgt_len: int, src_len: int, query_offset: int, block: int):
         return None

@@ -32,12 +32,16 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from fairseq_pe.errors import UserError
 
 from .base import AbsolutePositionEncoding, Float32State, option, register_position_encoding
 
 SOLVERS = ("rk4", "dopri5", "euler", "midpoint")
+#: solves of at least this many position-state elements (positions × initial values × D) keep no graph
+#: in the forward pass (about 40 bytes per element with rk4): backward solves again (:meth:`FloaterFlow._fresh`)
+CHECKPOINT_SOLVE_ELEMENTS = 1 << 21
 FIXED_STEP_SOLVERS = ("rk4", "euler", "midpoint")
 
 
@@ -440,7 +444,12 @@ class FloaterFlow(Float32State):
     def _fresh(self, length: int) -> torch.Tensor:
         if self.training and self.refresh_updates > 1:
             return self._refreshed(length)
-        states, _ = self._solve(self._initial(), 0, length)
+        initial = self._initial()
+        if torch.is_grad_enabled() and not self.adjoint and length * initial.numel() >= CHECKPOINT_SOLVE_ELEMENTS:
+            # a long solve: its autograd graph (every solver stage at every step) would dwarf the model's
+            # activations, so it is not kept; backward solves again (the same steps, the same values)
+            return checkpoint(lambda init: self._solve(init, 0, length)[0], initial, use_reentrant=False)
+        states, _ = self._solve(initial, 0, length)
         return states
 
     def _cached(self, length):

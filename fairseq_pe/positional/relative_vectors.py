@@ -28,7 +28,7 @@ import torch.nn as nn
 
 from fairseq_pe.errors import UserError
 
-from .base import Float32State, RelativePositionEncoding, option, register_position_encoding, relative_distances
+from .base import Float32State, RelativePositionEncoding, WeakCache, option, register_position_encoding, relative_distances
 from .sinusoidal import sinusoid, transformer_frequencies
 
 DEFAULT_MAX_DISTANCE = 64
@@ -38,6 +38,7 @@ class _RelativeVectors(RelativePositionEncoding):
     """Shared machinery; subclasses define :meth:`vectors`."""
 
     untiable = ("layers", "heads")
+    query_terms = True
 
     def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
         super().__init__(embed_dim, num_heads, num_blocks, causal, args)
@@ -48,7 +49,7 @@ class _RelativeVectors(RelativePositionEncoding):
         self.untie_heads = bool(getattr(args, "pe_relative_untie_heads", False))
         self.num_tables = num_blocks if self.untie_layers else 1
         self.num_distances = 2 * self.max_distance + 1
-        self._index_cache = None
+        self._index_cache = WeakCache()
 
     def table(self, block: int) -> int:
         return block - 1 if self.untie_layers else 0
@@ -58,13 +59,12 @@ class _RelativeVectors(RelativePositionEncoding):
         raise NotImplementedError
 
     def distance_index(self, tgt_len, src_len, query_offset, device) -> torch.Tensor:
-        """(T × S) index into the 2K+1 vectors: clip(j − i, −K, K) + K (cached per shape)."""
-        key = (tgt_len, src_len, query_offset, device)
-        if self._index_cache is None or self._index_cache[0] != key:
+        """(T × S) index into the 2K+1 vectors: clip(j − i, −K, K) + K (shared by the layers of a pass)."""
+        def compute():
             dist = relative_distances(tgt_len, src_len, query_offset, device)
-            index = dist.clamp(-self.max_distance, self.max_distance) + self.max_distance
-            self._index_cache = (key, index)
-        return self._index_cache[1]
+            return dist.clamp(-self.max_distance, self.max_distance) + self.max_distance
+
+        return self._index_cache.get((tgt_len, src_len, query_offset, device), (), compute)
 
     def logit_terms(self, q, tgt_len, src_len, query_offset, block):
         a_key, _ = self.vectors(block)

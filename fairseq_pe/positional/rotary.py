@@ -23,7 +23,7 @@ class RotaryPositionEncoding(Float32State, RelativePositionEncoding):
         self.rotary = RotaryEmbedding(dim=self.head_dim)
 
     def rotate(self, q, k, query_offset, block):
-        # q, k: (B·H, T, d); new keys sit at the same indices as the queries
+        # q, k: (..., T, d); new keys sit at the same indices as the queries
         rotated_q = self.rotary.rotate_queries_or_keys(q.float(), offset=query_offset).to(q.dtype)
         rotated_k = self.rotary.rotate_queries_or_keys(k.float(), offset=query_offset).to(k.dtype)
         return rotated_q, rotated_k

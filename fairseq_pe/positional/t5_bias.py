@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from fairseq_pe.errors import UserError
 
-from .base import RelativePositionEncoding, option, register_position_encoding, relative_distances
+from .base import RelativePositionEncoding, option, register_position_encoding
 
 DEFAULT_NUM_BUCKETS = 32
 DEFAULT_MAX_DISTANCE = 128
@@ -67,16 +67,23 @@ class T5PositionBias(RelativePositionEncoding):
         tables = num_blocks if self.untie_layers else 1
         self.bias = nn.Parameter(torch.empty(tables, self.num_buckets, num_heads))
         nn.init.normal_(self.bias, mean=0.0, std=embed_dim ** -0.5)
-        self._bucket_cache = None
 
-    def buckets(self, tgt_len, src_len, query_offset, device):
-        key = (tgt_len, src_len, query_offset, device)
-        if self._bucket_cache is None or self._bucket_cache[0] != key:
-            dist = relative_distances(tgt_len, src_len, query_offset, device)
-            self._bucket_cache = (key, t5_bucket(dist, not self.causal, self.num_buckets, self.max_distance))
-        return self._bucket_cache[1]
+    @property
+    def bias_requires_grad(self) -> bool:
+        return self.bias.requires_grad
 
-    def logit_terms(self, q, tgt_len, src_len, query_offset, block):
-        table = self.bias[block - 1 if self.untie_layers else 0]
-        bias = table[self.buckets(tgt_len, src_len, query_offset, q.device)]  # (T, S, H)
-        return bias.permute(2, 0, 1).to(q.dtype)  # (H, T, S)
+    def bias_key(self, block):
+        # the table's version counter: a bias cached before an update of the table is never reused
+        return (block if self.untie_layers else 0), self.bias._version
+
+    def position_bias(self, tgt_len, src_len, query_offset, block):
+        """(H, T, S) biases b_h[bucket(j − i)].  They depend on j − i only: the T + S − 1 distances are
+        bucketed and looked up once, and the (T, S) matrix is a view of their windows (Toeplitz)."""
+        table = self.bias[block - 1 if self.untie_layers else 0].t()  # (H, buckets)
+        # distances j − i from −(query_offset + T − 1) (last query, first key) to S − 1 − query_offset
+        low = -(query_offset + tgt_len - 1)
+        distances = torch.arange(low, src_len - query_offset, device=table.device)
+        per_distance = table[:, t5_bucket(distances, not self.causal, self.num_buckets, self.max_distance)]
+        # window a of length S starts at distance low + a, which is query T − 1 − a's distance to key 0
+        windows = per_distance.unfold(1, src_len, 1)  # (H, T, S) view: [h, a, j] = b(low + a + j)
+        return windows.flip(1)  # (H, T, S): [h, i, j] = b(j − (offset + i))
