@@ -32,6 +32,7 @@ setup(
             "fairseq-pe-prepare-wmt14 = fairseq_pe.data_prep.wmt14:main",
             "fairseq-pe-s2l-split = fairseq_pe.s2l:main",
             "fairseq-pe-bucket-bleu = fairseq_pe.bucket_bleu:main",
+            "fairseq-pe-bucket-loss = fairseq_pe.bucket_loss:main",
             "fairseq-pe-prepare-squad = fairseq_pe.data_prep.squad:main",
             "fairseq-pe-squad-predict = fairseq_pe.squad:main",
             "fairseq-pe-prepare-mono = fairseq_pe.data_prep.mono:main",

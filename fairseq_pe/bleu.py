@@ -120,12 +120,19 @@ def unavailable(n: int, reason: str) -> dict:
     return {"bleu": None, "n": n, "ratio": None, "na": reason}
 
 
-def _score(metric, hyps: List[str], refs: List[str]) -> dict:
-    """BLEU, sentence count and the length ratio (hypothesis / reference tokens, as sacreBLEU counts them)."""
+def _score(metric, hyps: List[str], refs: List[str], n_bootstrap: int = 0) -> dict:
+    """BLEU, sentence count and the length ratio (hypothesis / reference tokens, as sacreBLEU counts them).
+
+    With ``n_bootstrap`` > 1 also sacreBLEU's own bootstrap estimate (``corpus_score(...,
+    n_bootstrap=N)``, over resamples of the sentences): ``bleu_ci``, the half-width of its 95%
+    confidence interval, and ``bleu_bs_mean``, the mean of the resampled scores."""
     if not hyps:
         return {"bleu": math.nan, "n": 0, "ratio": math.nan}
-    s = metric.corpus_score(hyps, [refs])
-    return {"bleu": s.score, "n": len(hyps), "ratio": s.sys_len / s.ref_len if s.ref_len else math.nan}
+    s = metric.corpus_score(hyps, [refs], n_bootstrap=n_bootstrap if n_bootstrap > 1 else 1)
+    out = {"bleu": s.score, "n": len(hyps), "ratio": s.sys_len / s.ref_len if s.ref_len else math.nan}
+    if n_bootstrap > 1:
+        out.update(bleu_ci=s._ci, bleu_bs_mean=s._mean)
+    return out
 
 
 def bucketed_bleu(
@@ -134,6 +141,7 @@ def bucketed_bleu(
     lengths: Sequence[int],
     buckets: Sequence[Bucket],
     missing_reason: Optional[str] = None,
+    n_bootstrap: int = 0,
     **bleu_kwargs,
 ) -> Dict[str, dict]:
     """sacreBLEU of each bucket and of all sentences.
@@ -145,6 +153,8 @@ def bucketed_bleu(
     A hypothesis None is a sentence that was not translated, for ``missing_reason``: every score
     that would include it (its bucket, ``"all"``) is :func:`unavailable` with that reason, the
     others are computed as usual.  Without a reason, a None hypothesis is an error.
+
+    ``n_bootstrap`` > 1 adds sacreBLEU's bootstrap confidence interval to every score (:func:`_score`).
     """
     if not (len(hypotheses) == len(references) == len(lengths)):
         raise GenerateOutputError(
@@ -170,11 +180,12 @@ def bucketed_bleu(
         if missing.intersection(idx):
             result[bucket_label(bucket)] = unavailable(len(idx), missing_reason)
         else:
-            result[bucket_label(bucket)] = _score(metric, [hypotheses[i] for i in idx], [references[i] for i in idx])
+            result[bucket_label(bucket)] = _score(metric, [hypotheses[i] for i in idx], [references[i] for i in idx],
+                                                  n_bootstrap)
     if missing:
         result["all"] = unavailable(len(hypotheses), missing_reason)
     else:
-        result["all"] = _score(metric, list(hypotheses), list(references))
+        result["all"] = _score(metric, list(hypotheses), list(references), n_bootstrap)
     if all(r.get("bleu") is None for r in result.values()):
         metric.corpus_score([""], [[""]])  # nothing scored: the signature needs one call (it counts references)
     result["signature"] = str(metric.get_signature())

@@ -98,16 +98,22 @@ def compound_split_tokens(lines: Sequence[str], lang: str) -> List[str]:
     return out
 
 
+def parse_lengths(path: str) -> List[int]:
+    """The integers of a ``--lengths`` file (one per line, blank lines ignored)."""
+    lengths = []
+    for i, x in enumerate(read_lines(path, "--lengths"), 1):
+        if x.strip() == "":
+            continue
+        try:
+            lengths.append(int(x))
+        except ValueError:
+            raise UserError(f"--lengths {path}: line {i} is {x!r}, not a whole number") from None
+    return lengths
+
+
 def source_lengths(args, n_expected: int) -> List[int]:
     if args.lengths:
-        lengths = []
-        for i, x in enumerate(read_lines(args.lengths, "--lengths"), 1):
-            if x.strip() == "":
-                continue
-            try:
-                lengths.append(int(x))
-            except ValueError:
-                raise UserError(f"--lengths {args.lengths}: line {i} is {x!r}, not a whole number") from None
+        lengths = parse_lengths(args.lengths)
         origin = f"--lengths {args.lengths}"
     elif args.source:
         sources = read_lines(args.source, "--source")
@@ -147,12 +153,13 @@ def system_hypotheses(name: str, path: str, args, n_expected: int) -> List[str]:
 
 
 def score_systems(systems: Dict[str, List[str]], refs: Sequence[str], lengths: Sequence[int],
-                  buckets: Sequence[Bucket], tokenized_lang: Optional[str] = None) -> Dict[str, Dict[str, dict]]:
-    """``{system: {bucket: {"bleu", "n"[, "tok_bleu"]}, "all": ..., "signature": ...}}``."""
+                  buckets: Sequence[Bucket], tokenized_lang: Optional[str] = None,
+                  n_bootstrap: int = 0) -> Dict[str, Dict[str, dict]]:
+    """``{system: {bucket: {"bleu", "n"[, "tok_bleu"][, "bleu_ci"]}, "all": ..., "signature": ...}}``."""
     results = {}
     tok_refs = compound_split_tokens(refs, tokenized_lang) if tokenized_lang else None
     for name, hyps in systems.items():
-        res = bucketed_bleu(hyps, refs, lengths, buckets)
+        res = bucketed_bleu(hyps, refs, lengths, buckets, n_bootstrap=n_bootstrap)
         if tokenized_lang:
             tok = bucketed_bleu(compound_split_tokens(hyps, tokenized_lang), tok_refs, lengths, buckets,
                                 tokenize="none")
@@ -164,12 +171,39 @@ def score_systems(systems: Dict[str, List[str]], refs: Sequence[str], lengths: S
     return results
 
 
+#: decimals of each score in the tables
+PRECISION = {"bleu": 1, "tok_bleu": 1, "ratio": 2, "nll": 2}
+
+
+def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table with padded columns."""
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(head), sep] + [line(r) for r in rows])
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, without the DEBUG logging that importing fairseq turns on."""
+    import logging
+
+    import matplotlib
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def format_table(results: Dict[str, Dict[str, dict]], buckets: Sequence[Bucket], title: str,
                  extras: Sequence[str] = (), key: str = "bleu") -> str:
     """One row per system: the buckets, ``all``, then one column per extra test set (its overall score).
 
     A score that could not be computed (an entry with ``"na"``: its reason) shows ``n/a [k]``, and
-    note ``[k]`` under the table gives the reason."""
+    note ``[k]`` under the table gives the reason.  A score over several seeds (``KEY_sd``,
+    :mod:`fairseq_pe.seeds`) shows ``mean ± sd``; one with a bootstrap interval (``KEY_ci``) ``score ±ci``.
+    ``key``: ``bleu``, ``tok_bleu``, ``ratio`` or ``nll`` (the teacher-forced loss of the references)."""
     labels = [bucket_label(b) for b in buckets] + ["all"] + list(extras)
     first = next(iter(results.values()))
     head = ["encoding"] + [f"{lab} (n={first[lab]['n']})" for lab in labels]
@@ -184,31 +218,30 @@ def format_table(results: Dict[str, Dict[str, dict]], buckets: Sequence[Bucket],
         v = res[lab].get(key, math.nan)
         if v is None or (isinstance(v, float) and math.isnan(v)):
             return "-"
-        return f"{v:.2f}" if key == "ratio" else f"{v:.1f}"
+        digits = PRECISION.get(key, 1)
+        text = f"{v:.{digits}f}"
+        if res[lab].get(key + "_sd") is not None:
+            text += f" ± {res[lab][key + '_sd']:.{digits}f}"
+        elif res[lab].get(key + "_ci") is not None:
+            text += f" ±{res[lab][key + '_ci']:.{digits}f}"
+        return text
 
     rows = [[name] + [cell(name, res, lab) for lab in labels] for name, res in results.items()]
-    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
-    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    sig = {"bleu": first["signature"], "tok_bleu": first.get("tok_signature", ""),
-           "ratio": "hypothesis length / reference length (sacreBLEU tokens); < 1 stops early, > 1 runs on"}[key]
+    sig = {"bleu": first.get("signature", ""), "tok_bleu": first.get("tok_signature", ""),
+           "ratio": "hypothesis length / reference length (sacreBLEU tokens); < 1 stops early, > 1 runs on",
+           "nll": "teacher-forced NLL of the references, bits per target token (fairseq-pe-bucket-loss; "
+                  "perplexity = 2^NLL)"}[key]
     notes = [f"[{k}] {note}" for k, note in enumerate(notes, 1)]
-    return "\n".join([title, line(head), sep] + [line(r) for r in rows] + ([""] + notes if notes else [])
-                     + ["", sig])
+    return "\n".join([title, markdown_table(head, rows)] + ([""] + notes if notes else []) + ["", sig])
 
 
 def plot(results: Dict[str, Dict[str, dict]], buckets: Sequence[Bucket], path: str, title: str,
-         extras: Sequence[str] = (), xlabel: str = "source length"):
-    """Two panels against length bucket, one line per system: sacreBLEU, and the length ratio
-    (hypothesis / reference).  Extra test sets are separate points on the right of each panel."""
-    import logging
-
-    import matplotlib
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's import turns on DEBUG logging
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+         extras: Sequence[str] = (), xlabel: str = "source length", loss: Optional[Dict[str, Dict[str, dict]]] = None):
+    """Panels against length bucket, one line per system: sacreBLEU, the length ratio (hypothesis /
+    reference) and, with ``loss`` (the same form, key ``nll``), the teacher-forced loss of the references.
+    Extra test sets are separate points on the right of each panel.  Error bars: the standard
+    deviation over seeds (``KEY_sd``), or the bootstrap interval of a single seed (``KEY_ci``)."""
+    plt = pyplot()
     labels = [bucket_label(b) for b in buckets]
     xs_extra = [len(labels) + 0.5 + i for i in range(len(extras))]
 
@@ -216,14 +249,22 @@ def plot(results: Dict[str, Dict[str, dict]], buckets: Sequence[Bucket], path: s
         v = entry.get(key)
         return math.nan if v is None else v
 
-    fig, axes = plt.subplots(1, 2, figsize=(13 + 0.8 * len(extras), 4.8))
-    for ax, key, ylabel in ((axes[0], "bleu", "sacreBLEU"), (axes[1], "ratio", "length ratio (hyp / ref)")):
-        for name, res in results.items():
-            (ln,) = ax.plot(range(len(labels)), [value(res[lab], key) for lab in labels], marker="o",
-                            label=name)
+    def spread(entry, key):
+        v = entry.get(key + "_sd", entry.get(key + "_ci"))
+        return 0.0 if v is None or entry.get(key) is None else v
+
+    panels = [(results, "bleu", "sacreBLEU", title),
+              (results, "ratio", "length ratio (hyp / ref)", "< 1: stops early, > 1: runs on")]
+    if loss:
+        panels.append((loss, "nll", "NLL of the references (bits / token)", "teacher-forced loss (lower is better)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=((6.5 + 0.4 * len(extras)) * len(panels), 4.8), squeeze=False)
+    for ax, (source, key, ylabel, subtitle) in zip(axes[0], panels):
+        for name, res in source.items():
+            ln = ax.errorbar(range(len(labels)), [value(res[lab], key) for lab in labels],
+                             yerr=[spread(res[lab], key) for lab in labels], marker="o", capsize=3, label=name)
             if extras:
-                ax.plot(xs_extra, [value(res[e], key) for e in extras], marker="s", linestyle="none",
-                        color=ln.get_color())
+                ax.errorbar(xs_extra, [value(res[e], key) for e in extras], yerr=[spread(res[e], key) for e in extras],
+                            marker="s", linestyle="none", capsize=3, color=ln.lines[0].get_color())
         ax.set_xticks(list(range(len(labels))) + xs_extra)
         ax.set_xticklabels(labels + list(extras))
         if extras:
@@ -232,10 +273,9 @@ def plot(results: Dict[str, Dict[str, dict]], buckets: Sequence[Bucket], path: s
             ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
+        ax.set_title(subtitle)
         ax.grid(alpha=0.3)
-    axes[0].set_title(title)
-    axes[1].set_title("< 1: stops early, > 1: runs on")
-    axes[0].legend(fontsize=8, ncol=2)
+    axes[0][0].legend(fontsize=8, ncol=2)
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=110)
@@ -243,11 +283,11 @@ def plot(results: Dict[str, Dict[str, dict]], buckets: Sequence[Bucket], path: s
 
 
 def write_outputs(prefix: str, tables: Sequence[str], payload: dict, results, buckets, title: str, extras=(),
-                  xlabel: str = "source length"):
+                  xlabel: str = "source length", loss=None):
     """``PREFIX.txt``, ``PREFIX.json`` and ``PREFIX.png``, each written atomically."""
     write_text(prefix + ".txt", "\n\n".join(tables) + "\n")
     write_json(prefix + ".json", payload, indent=2)
-    plot(results, buckets, prefix + ".png", title, extras, xlabel)
+    plot(results, buckets, prefix + ".png", title, extras, xlabel, loss)
 
 
 def get_parser():
@@ -269,23 +309,34 @@ def get_parser():
                    help="subword segmentation to undo in the hypotheses")
     p.add_argument("--tokenized-bleu", metavar="LANG",
                    help="also report Moses-tokenised, compound-split BLEU (paper-comparable) for target LANG")
+    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
+                   help="95%% confidence interval of every BLEU from sacreBLEU's bootstrap resampling with N "
+                        "resamples (default 1000; 0: none)")
     p.add_argument("--title", default="sacreBLEU per source-length bucket")
     p.add_argument("--out", help="write PREFIX.txt, PREFIX.json and PREFIX.png")
     p.add_argument("--force", action="store_true", help="replace the --out files of an earlier run")
     return p
 
 
-@cli
-def main(argv: Optional[List[str]] = None):
-    args = get_parser().parse_args(argv)
-    systems = {}
-    for spec in args.system:
+def parse_systems(specs: Sequence[str], what: str = "PATH") -> Dict[str, str]:
+    """``--system NAME=PATH`` options -> ``{NAME: PATH}`` in order; a malformed or repeated name is an error."""
+    systems: Dict[str, str] = {}
+    for spec in specs:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
-            raise UserError(f"--system {spec!r}: use NAME=PATH")
+            raise UserError(f"--system {spec!r}: use NAME={what}")
         if name in systems:
             raise UserError(f"--system {name}: given twice")
         systems[name] = path
+    return systems
+
+
+@cli
+def main(argv: Optional[List[str]] = None):
+    args = get_parser().parse_args(argv)
+    if args.bootstrap < 0:
+        raise UserError(f"--bootstrap {args.bootstrap}: give a number of resamples (0 for none; 1000 is usual)")
+    systems = parse_systems(args.system)
     if args.out:  # before any work: never over an input, never over results without --force
         inputs = [(f"--system {n}=", p) for n, p in systems.items()] + [
             (flag, path) for flag, path in (("--reference", args.reference), ("--source", args.source),
@@ -299,11 +350,16 @@ def main(argv: Optional[List[str]] = None):
     lengths = source_lengths(args, len(refs))
     hyps = {name: system_hypotheses(name, path, args, len(refs)) for name, path in systems.items()}
     try:
-        results = score_systems(hyps, refs, lengths, args.buckets, args.tokenized_bleu)
+        results = score_systems(hyps, refs, lengths, args.buckets, args.tokenized_bleu, args.bootstrap)
     except GenerateOutputError as e:
         raise UserError(str(e)) from None
     unit = args.unit if not args.lengths else "as in " + os.path.basename(args.lengths)
-    tables = [format_table(results, args.buckets, args.title)]
+    title = args.title
+    if args.bootstrap > 1:
+        title += (f"; ±x: half-width of the 95% confidence interval of sacreBLEU's bootstrap resampling "
+                  f"({args.bootstrap} resamples of the test sentences; one decoding, so not the variation "
+                  "between training runs)")
+    tables = [format_table(results, args.buckets, title)]
     if args.tokenized_bleu:
         tables.append(format_table(results, args.buckets, "tokenised, compound-split BLEU", key="tok_bleu"))
     tables.append(format_table(results, args.buckets, "length ratio", key="ratio"))

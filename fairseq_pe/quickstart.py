@@ -4,10 +4,16 @@ On a machine with no data and no network it builds the synthetic short-to-long t
 :mod:`fairseq_pe.synthetic` (training sentences of at most 16 words, test sentences up to
 48), binarises it with ``fairseq-preprocess``, trains ``transformer_pe_tiny`` once per
 encoding with ``fairseq-train --user-dir fairseq_pe``, decodes the test set with
-``fairseq-generate`` and prints one table of sacreBLEU per source-length bucket (also
-written as JSON and as a PNG plot).  ``--data DIR`` uses a real corpus instead
-(``DIR/{train,valid,test}.{SRC,TGT}``, raw text, one sentence per line), segmented with a
-sentencepiece model trained on its training split.
+``fairseq-generate`` and prints tables of sacreBLEU, length ratio and the references'
+teacher-forced loss (``fairseq-pe-bucket-loss``'s scoring) per source-length bucket, also written
+as JSON and as PNG plots (``results.png``, and ``results-loss.png`` with the loss against target
+position).  ``--data DIR`` uses a real corpus instead (``DIR/{train,valid,test}.{SRC,TGT}``, raw
+text, one sentence per line), segmented with a sentencepiece model trained on its training split.
+
+``--seeds 1 2 3`` trains every system once per seed (``WORK/systems/NAME/seed-S``) on the same data
+and test sets, and the tables give mean ± standard deviation over the seeds; with one seed (the
+default) they say so, and every BLEU has the 95% confidence interval of sacreBLEU's bootstrap
+resampling (``--bootstrap``), which measures the test set's sampling, not the training run's.
 
 Test sets are translated from their sources alone: a reference only serves scoring, so a
 reference longer than a learned position table never stops a system.  Only a *source* longer
@@ -40,6 +46,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from fairseq_pe.bleu import GenerateOutputError, bucket_label, bucketed_bleu, parse_buckets, read_generate_output
 from fairseq_pe.bucket_bleu import format_table, write_outputs
 from fairseq_pe.errors import UserError, cli
+from fairseq_pe.seeds import combine
+from fairseq_pe.seeds import describe as describe_seeds
 from fairseq_pe.outputs import atomic_path, same_file, train_sentencepiece, write_json, write_text
 
 PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -47,7 +55,7 @@ PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
 WORK_MARKER = "quickstart.json"
 #: the folders and files the quickstart writes in its work dir
 WORK_ENTRIES = ("raw", "spm", "data-bin", "extra", "systems", "preprocess.log", "results.txt", "results.json",
-                "results.png", WORK_MARKER)
+                "results.png", "results-loss.png", WORK_MARKER)
 #: --max-source/target-positions of fairseq-generate: the task sets no limit of its own, the model's
 #: position tables (if any) are the only one
 GENERATE_MAX_POSITIONS = 1_000_000
@@ -185,7 +193,8 @@ def prepare_corpus(args) -> str:
         return args.data
     from fairseq_pe.synthetic import write_corpus
 
-    write_corpus(raw, train_size=args.train_size, test_per_bucket=args.test_per_bucket, seed=args.seed, src=args.source_lang, tgt=args.target_lang,
+    write_corpus(raw, train_size=args.train_size, test_per_bucket=args.test_per_bucket, seed=args.data_seed,
+                 src=args.source_lang, tgt=args.target_lang,
                  test_buckets=[(lo, (hi or lo + 16) - 1) for lo, hi in args.buckets])
     log(f"synthetic corpus: {args.train_size} training pairs of 1-16 words, test buckets "
         f"{[bucket_label(b) for b in args.buckets]} in {raw}")
@@ -304,7 +313,7 @@ def data_config(args) -> dict:
                    spm_model=os.path.abspath(args.spm_model) if args.spm_model else None,
                    spm_vocab_size=None if args.spm_model else args.spm_vocab_size)
     else:  # the synthetic test set is drawn per bucket
-        cfg.update(data=None, train_size=args.train_size, test_per_bucket=args.test_per_bucket, seed=args.seed,
+        cfg.update(data=None, train_size=args.train_size, test_per_bucket=args.test_per_bucket, data_seed=args.data_seed,
                    buckets=[bucket_label(b) for b in args.buckets])
     return cfg
 
@@ -314,11 +323,11 @@ def extra_config(args) -> List[dict]:
     return [{"name": name, "source_sha1": file_digest(src)} for name, src, _ in args.extra_test]
 
 
-def system_config(args, flags: List[str]) -> dict:
+def system_config(args, flags: List[str], seed: int) -> dict:
     """The options a system's checkpoint and translations depend on (its data's included)."""
     return json.loads(json.dumps({
         "flags": list(flags), "arch": args.arch, "train_flags": args.train_flags, "max_update": args.max_update,
-        "max_tokens": args.max_tokens, "lr": args.lr, "warmup": args.warmup, "seed": args.seed, "beam": args.beam,
+        "max_tokens": args.max_tokens, "lr": args.lr, "warmup": args.warmup, "seed": seed, "beam": args.beam,
         "lenpen": args.lenpen, "data": data_config(args)}))
 
 
@@ -369,22 +378,27 @@ def check_workdir(args, systems: Sequence[Tuple[str, List[str]]]) -> dict:
                             "source file changed (test sets can be added at the end; changing or removing one "
                             "would leave translations of the old one)")
             rebuild |= {"data-bin", "extra"}
-    for name, flags in systems:
-        folder = os.path.join(work, "systems", name)
+    for (name, flags), seed in [(system, seed) for seed in args.seeds for system in systems]:
+        folder = system_dir(args, name, seed)
         record = _read_json(os.path.join(folder, "system.json"))
         results = os.path.isdir(folder) and any(f == "train.done" or f.startswith("generate-")
                                                  for f in os.listdir(folder))
         if record is not None and results:
-            have_cfg, want_cfg = dict(record.get("config", {})), system_config(args, flags)
+            have_cfg, want_cfg = dict(record.get("config", {})), system_config(args, flags, seed)
             if have_cfg.pop("data", None) != want_cfg.pop("data"):
-                problems.append(f"system {name}: trained on other data")
-            problems += [f"system {name}: {d}" for d in _differences(have_cfg, want_cfg)]
+                problems.append(f"system {name} (seed {seed}): trained on other data")
+            problems += [f"system {name} (seed {seed}): {d}" for d in _differences(have_cfg, want_cfg)]
     if problems and not args.force:
         raise UserError(f"--workdir {work} holds results made with other options ({'; '.join(problems)}): pass "
                         "--force to rebuild and retrain, or choose another --workdir")
     for entry in sorted(rebuild):  # --force: the quickstart's own folders, rebuilt below
         shutil.rmtree(os.path.join(work, entry), ignore_errors=True)
     return want
+
+
+def system_dir(args, name: str, seed: int) -> str:
+    """``WORK/systems/NAME/seed-S``: one training run of a system."""
+    return os.path.join(args.workdir, "systems", name, f"seed-{seed}")
 
 
 def check_inputs_outside_outputs(args, extra_names: Sequence[str]):
@@ -395,7 +409,7 @@ def check_inputs_outside_outputs(args, extra_names: Sequence[str]):
     langs = (args.source_lang, args.target_lang)
     written = [os.path.join(work, "spm", f"{p}.{lang}") for p in ["train", "valid", "test", *extra_names]
                for lang in langs]
-    written += [os.path.join(work, f"results{ext}") for ext in (".txt", ".json", ".png")]
+    written += [os.path.join(work, f"results{ext}") for ext in (".txt", ".json", ".png", "-loss.png")]
     if not args.data:
         written += [os.path.join(work, "raw", f"{p}.{lang}") for p in ("train", "valid", "test") for lang in langs]
     inputs = [("--extra-test", p) for _, src, ref in args.extra_test for p in (src, ref)]
@@ -425,18 +439,20 @@ def source_positions(ckpt: str, data_bin: str) -> Optional[int]:
     return None if limit is None or limit >= GENERATE_MAX_POSITIONS else int(limit)
 
 
-def source_sizes(args, data_bin: str, subsets: Sequence[str]) -> Dict[str, List[int]]:
-    """Tokens of each test source as fairseq-generate sees them (``</s>`` included), per subset."""
+def source_sizes(args, data_bin: str, subsets: Sequence[str], lang: Optional[str] = None) -> Dict[str, List[int]]:
+    """Tokens of each test source as fairseq-generate sees them (``</s>`` included), per subset
+    (of the ``lang`` side: the target's for the training length)."""
     from fairseq.data import Dictionary, data_utils
 
     quiet = logging.getLogger(data_utils.__name__)
     level = quiet.level
     quiet.setLevel(logging.WARNING)
+    lang = lang or args.source_lang
     try:
-        d = Dictionary.load(os.path.join(data_bin, f"dict.{args.source_lang}.txt"))
+        d = Dictionary.load(os.path.join(data_bin, f"dict.{lang}.txt"))
         out = {}
         for subset in subsets:
-            prefix = os.path.join(data_bin, f"{subset}.{args.source_lang}-{args.target_lang}.{args.source_lang}")
+            prefix = os.path.join(data_bin, f"{subset}.{args.source_lang}-{args.target_lang}.{lang}")
             dataset = data_utils.load_indexed_dataset(prefix, d)  # kept alive: .sizes lives in its mmap
             out[subset] = [int(n) for n in dataset.sizes]
             del dataset
@@ -450,7 +466,8 @@ class SystemRun:
     sentence of it could be translated), the sentence ids that were not translated and why, and
     the subsets whose decoding failed (why)."""
 
-    def __init__(self):
+    def __init__(self, checkpoint: str = ""):
+        self.checkpoint = checkpoint
         self.outputs: Dict[str, Optional[str]] = {}
         self.skipped: Dict[str, List[int]] = {}
         self.reasons: Dict[str, str] = {}
@@ -464,14 +481,15 @@ def too_long_reason(what: str, sizes: Sequence[int], skipped: Sequence[int], lim
             "with </s>): not translated, so not scored")
 
 
-def train_and_decode(args, data_bin: str, name: str, flags: List[str], tests: Dict[str, int],
+def train_and_decode(args, data_bin: str, name: str, flags: List[str], seed: int, tests: Dict[str, int],
                      sizes: Dict[str, List[int]], what: Dict[str, str]) -> SystemRun:
     """fairseq-train (unless trained already) then fairseq-generate on every test subset not decoded yet.
 
     Each subset is translated from its sources alone (``data-bin/source-only``); sources longer
     than the model's positions are skipped and named, never silently.  A failed decoding marks its
     subset (``SystemRun.errors``) and the other subsets go on; a failed training raises."""
-    out = os.path.join(args.workdir, "systems", name)
+    out = system_dir(args, name, seed)
+    name = name if len(args.seeds) == 1 else f"{name} (seed {seed})"  # in the log
     os.makedirs(out, exist_ok=True)
     # unbuffered: fairseq logs to stdout, which a pipe would otherwise hold back until the end
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
@@ -492,7 +510,7 @@ def train_and_decode(args, data_bin: str, name: str, flags: List[str], tests: Di
         write_json(record_path, record)
 
     if trained and "source_positions" not in record:  # a work dir of an earlier version: adopted as it is
-        record.setdefault("config", system_config(args, flags))
+        record.setdefault("config", system_config(args, flags, seed))
         remember_limit()
     limit = record.get("source_positions")  # unknown (no checkpoint kept): the outputs have every sentence
     skipped = too_long(limit)
@@ -502,7 +520,7 @@ def train_and_decode(args, data_bin: str, name: str, flags: List[str], tests: Di
         # start from scratch: fairseq-train would otherwise resume from a stale checkpoint_last.pt
         shutil.rmtree(out)
         os.makedirs(out)
-        record = {"config": system_config(args, flags)}
+        record = {"config": system_config(args, flags, seed)}
         write_json(record_path, record)
         last_report = [0.0]
 
@@ -525,7 +543,7 @@ def train_and_decode(args, data_bin: str, name: str, flags: List[str], tests: Di
              "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
              "--max-tokens", str(args.max_tokens), "--max-update", str(args.max_update),
              "--save-dir", out, "--no-epoch-checkpoints", "--save-interval-updates", "0",
-             "--log-format", "simple", "--log-interval", str(min(50, max(1, args.max_update // 10))), "--seed", str(args.seed), "--cpu",
+             "--log-format", "simple", "--log-interval", str(min(50, max(1, args.max_update // 10))), "--seed", str(seed), "--cpu",
              "--num-workers", "0"],
             os.path.join(out, "train.log"), env=env, on_line=progress)
         write_text(os.path.join(out, "train.done"), f"{time.time() - t0:.1f}\n")
@@ -534,7 +552,7 @@ def train_and_decode(args, data_bin: str, name: str, flags: List[str], tests: Di
         limit = record["source_positions"]
         skipped = too_long(limit)
         todo = list(tests)
-    result = SystemRun()
+    result = SystemRun(ckpt)
     for subset, n in tests.items():
         result.skipped[subset] = skipped[subset]
         if skipped[subset]:
@@ -584,7 +602,7 @@ def test_lengths(args, sources: Sequence[str]) -> List[int]:
 
 
 def subset_scores(run: SystemRun, subset: str, refs: Sequence[str], lengths: Sequence[int], buckets,
-                  failures: List[str], name: str, column: str) -> Dict[str, dict]:
+                  failures: List[str], name: str, column: str, bootstrap: int = 0) -> Dict[str, dict]:
     """The scores of one test subset; those that need a sentence that was not translated, or all of
     them when the decoding failed, are :func:`~fairseq_pe.bleu.unavailable` with the reason."""
     n = len(refs)
@@ -599,20 +617,119 @@ def subset_scores(run: SystemRun, subset: str, refs: Sequence[str], lengths: Seq
         except (GenerateOutputError, OSError) as e:
             reason = f"the translations cannot be read: {e}"
             failures.append(f"{name}/{column}: {reason}")
-    return bucketed_bleu(hyps, refs, lengths, buckets, missing_reason=reason)
+    return bucketed_bleu(hyps, refs, lengths, buckets, missing_reason=reason, n_bootstrap=bootstrap)
 
 
 def score(args, raw: str, run: SystemRun, name: str = "", failures: Optional[List[str]] = None) -> Dict[str, dict]:
-    """Bucketed sacreBLEU on the main test set plus one overall score per ``--extra-test``."""
+    """Bucketed sacreBLEU on the main test set plus one overall score per ``--extra-test``, each with
+    sacreBLEU's bootstrap interval (``--bootstrap``)."""
     failures = [] if failures is None else failures
     sources = read_lines(os.path.join(raw, f"test.{args.source_lang}"))
     refs = read_lines(os.path.join(raw, f"test.{args.target_lang}"))
-    result = subset_scores(run, "test", refs, test_lengths(args, sources), args.buckets, failures, name, "test")
+    result = subset_scores(run, "test", refs, test_lengths(args, sources), args.buckets, failures, name, "test",
+                           args.bootstrap)
     for i, (extra, _, ref) in enumerate(args.extra_test, start=1):
         refs = read_lines(ref)
         result[extra] = subset_scores(run, f"test{i}", refs, [0] * len(refs), [(0, None)], failures, name,
-                                      extra)["all"]
+                                      extra, args.bootstrap)["all"]
     return result
+
+
+def reference_losses(args, data_bin: str, run: SystemRun, subset: str, name: str):
+    """The teacher-forced NLL of every reference of a test subset, as ``fairseq-pe-bucket-loss``
+    scores it (sentences beyond the model's positions: ``nll`` None and the reason); cached in the
+    system's folder as ``losses-SUBSET.json``."""
+    from fairseq_pe import bucket_loss
+
+    cache = os.path.join(os.path.dirname(run.checkpoint), f"losses-{subset}.json")
+    stored = _read_json(cache)
+    if stored is None:
+        model, task = bucket_loss.load_system(name, run.checkpoint, data_bin, {}, cpu=True)
+        dataset, _ = bucket_loss.binary_test_set(task, subset, data_bin, train=False)
+        losses = bucket_loss.score_references(model, task, dataset, args.max_tokens, "report", name)
+        stored = [{"nll": None if x.nll is None else [round(v, 5) for v in x.nll], "why": x.why} for x in losses]
+        write_json(cache, stored, indent=None)
+    return [bucket_loss.SentenceLoss(x["nll"], x["why"]) for x in stored]
+
+
+def loss_scores(losses, lengths: Sequence[int], buckets) -> Dict[str, dict]:
+    """NLL per bucket and overall (:func:`fairseq_pe.bucket_loss.aggregate`); a score that would need a
+    sentence beyond the model's positions is unavailable (``"na"``: why), never computed on the rest."""
+    from fairseq_pe.bucket_loss import BEYOND, aggregate
+
+    example = next((x.why for x in losses if x.nll is None), "")
+    out = {}
+    for label, entry in aggregate(losses, lengths, buckets).items():
+        if label == BEYOND:
+            continue
+        if entry.get("beyond"):
+            entry = {"nll": None, "n": entry["n"],
+                     "na": f"{entry['beyond']} of {entry['n']} sentences need more positions than the model has "
+                           f"(e.g. {example}): loss not computed"}
+        out[label] = entry
+    return out
+
+
+def losses_of(args, data_bin: str, raw: str, run: SystemRun, name: str) -> Tuple[Dict[str, dict], list]:
+    """Loss per bucket of the main test set and overall per ``--extra-test`` (as :func:`score`), and the
+    sentence losses of the main test set (for the curve against target position)."""
+    sources = read_lines(os.path.join(raw, f"test.{args.source_lang}"))
+    losses = reference_losses(args, data_bin, run, "test", name)
+    result = loss_scores(losses, test_lengths(args, sources), args.buckets)
+    for i, (extra, _, _) in enumerate(args.extra_test, start=1):
+        extra_losses = reference_losses(args, data_bin, run, f"test{i}", name)
+        result[extra] = loss_scores(extra_losses, [0] * len(extra_losses), [(0, None)])["all"]
+    return result, losses
+
+
+def report(args, raw: str, data_bin: str, systems, outputs: Dict[Tuple[str, int], SystemRun],
+           complete: Sequence[str]) -> Tuple[Dict[str, Dict[str, dict]], List[str]]:
+    """Score every run of the ``complete`` systems (BLEU with its bootstrap interval, length ratio, the
+    references' loss), combine the seeds, print the tables and write ``results.{txt,json,png}`` and
+    ``results-loss.png``.  Returns the combined BLEU results and the columns that could not be computed."""
+    from fairseq_pe import bucket_loss
+
+    seeds = args.seeds
+    extra_names = [name for name, _, _ in args.extra_test]
+    column_failures: List[str] = []
+    bleu_per_seed, loss_per_seed, sentence_losses = {}, {}, {}
+    log("scoring: sacreBLEU per bucket (with its bootstrap interval) and the references' loss per bucket")
+    for seed in seeds:
+        bleu_per_seed[seed], loss_per_seed[seed] = {}, {}
+        for name in complete:
+            run = outputs[name, seed]
+            label = name if len(seeds) == 1 else f"{name} (seed {seed})"
+            bleu_per_seed[seed][name] = score(args, raw, run, label, column_failures)
+            loss_per_seed[seed][name], losses = losses_of(args, data_bin, raw, run, label)
+            sentence_losses.setdefault(name, []).extend(losses)
+    results, loss_results = combine(bleu_per_seed), combine(loss_per_seed)
+    spread = describe_seeds(seeds, args.bootstrap)
+    where = "synthetic task, trained on 1-16 words" if not args.data else args.data
+    title = f"sacreBLEU per source-length bucket ({where}; {args.arch}, {args.max_update} updates)\n{spread}"
+    table = format_table(results, args.buckets, title, extras=extra_names)
+    ratios = format_table(results, args.buckets, "length ratio" + ("" if len(seeds) == 1 else f" ({spread})"),
+                          extras=extra_names, key="ratio")
+    loss_spread = "one seed" if len(seeds) == 1 else spread
+    loss_table = format_table(loss_results, args.buckets, f"loss of the references, NLL in bits per token ({loss_spread})",
+                              extras=extra_names, key="nll")
+    unit = "words" if args.length_unit == "word" else "sentencepiece tokens"
+    curves = {name: bucket_loss.per_position(sentence_losses[name]) for name in complete}
+    train_length = max(source_sizes(args, data_bin, ["train"], lang=args.target_lang)["train"])
+    bucket_loss.plot({name: {"buckets": loss_results[name], "positions": curves[name], "train_length": train_length}
+                      for name in complete}, args.buckets, os.path.join(args.workdir, "results-loss.png"),
+                     "teacher-forced loss" + (f" (mean of {len(seeds)} seeds)" if len(seeds) > 1 else " (one seed)"),
+                     f"source length ({unit})")
+    payload = {"buckets": [bucket_label(b) for b in args.buckets], "length_unit": unit, "seeds": seeds,
+               "longest_training_target": train_length,
+               "extra_tests": {name: {"source": s, "reference": r} for name, s, r in args.extra_test},
+               "systems": results, "loss": loss_results, "loss_per_target_position": curves,
+               "per_seed": {str(seed): {"bleu": bleu_per_seed[seed], "loss": loss_per_seed[seed]} for seed in seeds},
+               "flags": {n: fl for n, fl in systems if n in complete},
+               "train_flags": args.train_flags, "arch": args.arch, "max_update": args.max_update}
+    write_outputs(os.path.join(args.workdir, "results"), [table, ratios, loss_table], payload, results, args.buckets,
+                  "BLEU by source length", extras=extra_names, xlabel=f"source length ({unit})", loss=loss_results)
+    print("\n" + table + "\n\n" + ratios + "\n\n" + loss_table)
+    return results, column_failures
 
 
 def get_parser():
@@ -646,7 +763,13 @@ def get_parser():
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--lenpen", type=float, default=1.0, help="fairseq-generate --lenpen")
     p.add_argument("--gen-batch-size", type=int, default=64, help="fairseq-generate --batch-size")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seeds", type=int, nargs="+", default=[1], metavar="SEED",
+                   help="training seeds: every system is trained once per seed and the tables show mean ± standard "
+                        "deviation over them (default: one seed, 1, with sacreBLEU's bootstrap intervals)")
+    p.add_argument("--data-seed", type=int, default=1, help="seed of the synthetic corpus (the same for every "
+                                                            "training seed)")
+    p.add_argument("--bootstrap", type=int, default=1000, metavar="N",
+                   help="sacreBLEU bootstrap resamples for the 95%% confidence interval of a single seed's BLEU")
     p.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)),
                    help="systems trained at the same time")
     p.add_argument("--threads", type=int, default=1, help="torch threads per job")
@@ -667,6 +790,10 @@ def run_quickstart(args) -> Dict[str, Dict[str, dict]]:
     if args.buckets is None:
         args.buckets = parse_buckets("1,20,40,60,80+" if args.data else "1,17,25,33,49")
     systems = [parse_system(s) for s in args.systems]
+    if len(set(args.seeds)) != len(args.seeds):
+        raise UserError(f"--seeds {' '.join(map(str, args.seeds))}: each seed once")
+    if args.bootstrap < 0:
+        raise UserError(f"--bootstrap {args.bootstrap}: give a number of resamples (0 for none; 1000 is usual)")
     if len({n for n, _ in systems}) != len(systems):
         raise UserError("--systems: names must be unique")
     for name, _ in systems:
@@ -701,38 +828,32 @@ def run_quickstart(args) -> Dict[str, Dict[str, dict]]:
     tests.update({f"test{i}": count_lines(f"{p}.{args.source_lang}") for i, p in enumerate(extra, start=1)})
     what = {"test": "test", **{f"test{i}": name for i, name in enumerate(extra_names, start=1)}}
     sizes = source_sizes(args, data_bin, list(tests))
-    log(f"{len(systems)} systems, {args.jobs} at a time, {args.max_update} updates each")
-    outputs, failures = {}, {}
+    seeds = args.seeds
+    runs = [(name, flags, seed) for seed in seeds for name, flags in systems]
+    log(f"{len(systems)} systems x {len(seeds)} seed(s) {seeds}: {len(runs)} trainings, {args.jobs} at a time, "
+        f"{args.max_update} updates each")
+    outputs: Dict[Tuple[str, int], SystemRun] = {}
+    failures: Dict[str, str] = {}
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {pool.submit(train_and_decode, args, data_bin, name, flags, tests, sizes, what): name
-                   for name, flags in systems}
+        futures = {pool.submit(train_and_decode, args, data_bin, name, flags, seed, tests, sizes, what): (name, seed)
+                   for name, flags, seed in runs}
         for future in as_completed(futures):
-            name = futures[future]
+            name, seed = futures[future]
             try:
-                outputs[name] = future.result()
+                outputs[name, seed] = future.result()
             except Exception as e:  # report at once, finish the others, fail at the end
-                failures[name] = str(e)
-                log(f"{name}: FAILED\n{e}")
-    column_failures: List[str] = []
-    results = {name: score(args, raw, outputs[name], name, column_failures) for name, _ in systems if name in outputs}
-    if not results:
+                failures[f"{name} (seed {seed})"] = str(e)
+                log(f"{name} (seed {seed}): FAILED\n{e}")
+    # a system is in the tables when every seed of it trained: a mean over fewer seeds would not compare
+    complete = [name for name, _ in systems if all((name, seed) in outputs for seed in seeds)]
+    if not complete:
         raise SystemExit(f"every system failed: {', '.join(failures)} (logs in {os.path.join(args.workdir, 'systems')})")
-    title = (f"sacreBLEU per source-length bucket ({'synthetic task, trained on 1-16 words' if not args.data else args.data}; "
-             f"{args.arch}, {args.max_update} updates)")
-    table = format_table(results, args.buckets, title, extras=extra_names)
-    unit = "words" if args.length_unit == "word" else "sentencepiece tokens"
-    payload = {"buckets": [bucket_label(b) for b in args.buckets], "length_unit": unit,
-               "extra_tests": {name: {"source": s, "reference": r} for name, s, r in args.extra_test},
-               "systems": results, "flags": {n: fl for n, fl in systems},
-               "train_flags": args.train_flags, "arch": args.arch, "max_update": args.max_update}
-    ratios = format_table(results, args.buckets, "length ratio", extras=extra_names, key="ratio")
-    write_outputs(os.path.join(args.workdir, "results"), [table, ratios], payload, results, args.buckets,
-                  "BLEU by source length", extras=extra_names, xlabel=f"source length ({unit})")
-    print("\n" + table + "\n\n" + ratios)
-    log(f"done in {time.time() - t0:.0f}s; results.txt, results.json and results.png in {args.workdir}")
+    results, column_failures = report(args, raw, data_bin, systems, outputs, complete)
+    log(f"done in {time.time() - t0:.0f}s; results.txt, results.json, results.png and results-loss.png in {args.workdir}")
     problems = []
     if failures:
-        problems.append(f"{len(failures)} system(s) failed and are missing from the table: {', '.join(failures)}")
+        problems.append(f"{len(failures)} training run(s) failed and their systems are missing from the table: "
+                        f"{', '.join(failures)}")
     if column_failures:
         problems.append(f"{len(column_failures)} column(s) could not be computed and are marked n/a: "
                         + "; ".join(column_failures))

@@ -61,3 +61,19 @@ def test_length_outside_every_bucket_is_an_error():
 def test_misaligned_inputs_are_an_error():
     with pytest.raises(GenerateOutputError, match="line-aligned"):
         bucketed_bleu(HYPS, REFS[:3], [2, 5, 3, 7], [(1, None)])
+
+
+def test_bootstrap_interval_is_sacrebleus_own():
+    import sacrebleu
+
+    from fairseq_pe.bleu import bucketed_bleu
+
+    refs = [f"the cat number {i} sat on the mat today" for i in range(40)]
+    hyps = [r if i % 3 else r.replace("cat", "dog").replace("today", "") for i, r in enumerate(refs)]
+    res = bucketed_bleu(hyps, refs, [i % 2 + 1 for i in range(40)], [(1, 2), (2, None)], n_bootstrap=300)
+    expect = sacrebleu.metrics.BLEU().corpus_score(hyps, [refs], n_bootstrap=300)
+    assert res["all"]["bleu"] == pytest.approx(expect.score)
+    assert res["all"]["bleu_ci"] == pytest.approx(expect._ci) and res["all"]["bleu_ci"] > 0
+    assert res["all"]["bleu_bs_mean"] == pytest.approx(expect._mean)
+    assert "bs:300" in res["signature"]
+    assert "bleu_ci" not in bucketed_bleu(hyps, refs, [1] * 40, [(1, None)])["all"]  # only when asked

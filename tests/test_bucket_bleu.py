@@ -57,8 +57,10 @@ def test_per_bucket_scores_equal_sacrebleu_for_several_systems(files):
     assert res["systems"]["sys-a"]["[1,5)"]["ratio"] == pytest.approx(1.0)
     assert res["systems"]["sys-a"]["all"]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(HYPS, [REFS]).score)
     assert res["systems"]["perfect"]["all"]["bleu"] == pytest.approx(100.0)
-    assert re.search(r"\| sys-a +\| [\d.]+ +\| [\d.]+ +\| [\d.]+ +\|", run.stdout)
-    assert "nrefs:1|case:mixed|eff:no|tok:13a" in run.stdout
+    # every BLEU with the half-width of sacreBLEU's bootstrap interval (1000 resamples by default)
+    assert re.search(r"\| sys-a +\| [\d.]+ ±[\d.]+ +\| [\d.]+ ±[\d.]+ +\| [\d.]+ ±[\d.]+ +\|", run.stdout)
+    assert res["systems"]["sys-a"]["all"]["bleu_ci"] >= 0
+    assert "nrefs:1|bs:1000|seed:12345|case:mixed|eff:no|tok:13a" in run.stdout
     assert re.search(r"length ratio\n.*\n.*\n\| sys-a +\| 1.00 +\|", run.stdout)
     assert open(out + ".png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert "perfect" in open(out + ".txt").read()

@@ -39,6 +39,37 @@ def test_synthetic(tmp_path):
     check_results(work, ["ape-learned", "sin-all", "floater"], ["[1,9)", "[9,17)"], [6, 6])
     assert "update 15/15" in out.stdout  # progress was shown
     assert "[9,17) (n=6)" in out.stdout
+    # one seed: it says so, and every BLEU has sacreBLEU's bootstrap interval
+    assert "ONE training seed (1)" in out.stdout
+    res = json.load(open(os.path.join(work, "results.json")))
+    for name in res["systems"]:
+        for b in ("[1,9)", "[9,17)", "all"):
+            assert res["systems"][name][b]["bleu_ci"] >= 0
+            assert res["loss"][name][b]["nll"] > 0 and res["loss"][name][b]["n"] == res["systems"][name][b]["n"]
+        assert res["loss_per_target_position"][name][0]["position"] == 1
+    assert "loss of the references" in out.stdout
+    assert open(os.path.join(work, "results-loss.png"), "rb").read(4) == b"\x89PNG"
+    assert res["longest_training_target"] <= 17  # 16 words and </s>
+
+
+def test_seeds_are_trained_apart_and_combined(tmp_path):
+    work = str(tmp_path / "qs")
+    out = cli("fairseq-pe-quickstart", "--workdir", work, "--train-size", "300", "--test-per-bucket", "4",
+              "--buckets", "1,9,17", "--systems", "ape-sinusoidal", "--seeds", "1", "2", *SMALL)
+    res = json.load(open(os.path.join(work, "results.json")))
+    assert res["seeds"] == [1, 2]
+    for seed in (1, 2):
+        assert os.path.isfile(os.path.join(work, "systems", "ape-sinusoidal", f"seed-{seed}", "checkpoint_last.pt"))
+    per_seed = [res["per_seed"][s]["bleu"]["ape-sinusoidal"]["all"]["bleu"] for s in ("1", "2")]
+    combined = res["systems"]["ape-sinusoidal"]["all"]
+    assert combined["bleu_seeds"] == per_seed
+    assert combined["bleu"] == pytest.approx(sum(per_seed) / 2)
+    assert combined["bleu_sd"] == pytest.approx(abs(per_seed[0] - per_seed[1]) / 2 ** 0.5)
+    losses = [res["per_seed"][s]["loss"]["ape-sinusoidal"]["all"]["nll"] for s in ("1", "2")]
+    assert losses[0] != losses[1], "the two seeds trained the same model"
+    assert res["loss"]["ape-sinusoidal"]["all"]["nll"] == pytest.approx(sum(losses) / 2)
+    assert "mean ± standard deviation over 2 training seeds (1, 2)" in out.stdout
+    assert re.search(r"\| ape-sinusoidal +\| [\d.]+ ± [\d.]+ ", out.stdout)
 
 
 @pytest.mark.shared_data
@@ -69,7 +100,7 @@ def test_real_corpus_directory(tmp_path):
     assert res["length_unit"] == "sentencepiece tokens"
     assert res["systems"]["alibi"]["tedx"]["n"] == 12  # the extra test corpus, decoded and scored
     assert "tedx (n=12)" in out.stdout
-    hyps = open(os.path.join(work, "systems", "alibi", "generate-test1.txt"), encoding="utf-8").read()
+    hyps = open(os.path.join(work, "systems", "alibi", "seed-1", "generate-test1.txt"), encoding="utf-8").read()
     assert sum(1 for line in hyps.splitlines() if line.startswith("D-")) == 12
 
 
@@ -131,11 +162,19 @@ def test_long_references_are_translated_and_long_sources_marked(tmp_path):
     assert small["longsrc"]["na"].startswith("3 of 6 longsrc sources are longer than the 20 source positions")
     assert sin["longsrc"]["n"] == 6 and 0 <= sin["longsrc"]["bleu"] <= 100  # no table: every source translated
     ids = lambda name: [int(line.split("\t")[0][2:]) for line in  # noqa: E731
-                        open(work / "systems" / "small" / name).read().splitlines() if line.startswith("D-")]
+                        open(work / "systems" / "small" / "seed-1" / name).read().splitlines() if line.startswith("D-")]
     assert sorted(ids("generate-test1.txt")) == [0, 1, 2]
     assert sorted(ids("generate-test2.txt")) == [i for i, s in enumerate(src) if len(s.split()) + 1 <= 20]
     assert re.search(r"^\| small +\| [\d.]+ +\| [\d.]+ +\| [\d.]+ +\| [\d.]+ +\| n/a \[1\] +\|$", out.stdout, re.M)
     assert "[1] small: 3 of 6 longsrc sources are longer than the 20 source positions" in out.stdout
+    # the references' loss: the same rule with its own reason (here the long references do not fit the
+    # 20-row target table either), and every sentence counted
+    loss = res["loss"]["small"]
+    assert loss["longsrc"]["nll"] is None and loss["longsrc"]["n"] == 6
+    assert loss["longsrc"]["na"].startswith("3 of 6 sentences need more positions than the model has")
+    assert loss["longref"]["nll"] is None and "--max-target-positions" in loss["longref"]["na"]
+    assert loss["all"]["n"] == 8 and loss["all"]["nll"] > 0
+    assert res["loss"]["ape-sinusoidal"]["longref"]["nll"] > 0
 
     # resumed: nothing is trained or decoded again; other options stop with one line, nothing replaced
     again = cli(*cmd)
@@ -146,7 +185,7 @@ def test_long_references_are_translated_and_long_sources_marked(tmp_path):
     errors = error_lines(other)
     assert other.returncode == 2 and len(errors) == 1, other.stderr[-2000:]
     assert errors[0].startswith("fairseq-pe-quickstart: error: --workdir ")
-    assert "system small: --max-update 15 there, 16 now" in errors[0] and "pass --force" in errors[0]
+    assert "system small (seed 1): --max-update 15 there, 16 now" in errors[0] and "pass --force" in errors[0]
     assert open(work / "results.json", "rb").read() == before
 
 

@@ -42,4 +42,33 @@ def test_s2l_cpu_recipe_smoke(tmp_path):
         assert row["short"]["n"] == 8 and row["ted"]["n"] == 9  # held-back short set and the extra corpus
     assert "update 1/4" in out.stdout and "update 4/4" in out.stdout  # progress during and after training
     assert "| floater " in out.stdout and "ted (n=9)" in out.stdout
+    # next to BLEU: the references' loss per bin, on the same sentences; one seed, and it says so
+    assert "loss of the references" in out.stdout and "ONE training seed (1)" in out.stdout
+    for name in ("ape-sinusoidal", "floater"):
+        loss = res["loss"][name]
+        assert [loss[b]["n"] for b in res["buckets"]] == list(stats["test_bins"].values())
+        assert loss["short"]["n"] == 8 and loss["short"]["nll"] > 0
     assert (work / "runs" / "results.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.shared_data
+def test_s2l_cpu_captions_recipe_with_two_seeds(tmp_path):
+    """The caption/Tatoeba recipe: word-length split at 16, two seeds combined."""
+    base = shared_data("mt", "en-de")
+    data = tmp_path / "data"
+    for corpus, prefix, n in (("multi30k", "train", 400), ("tatoeba", "tatoeba-v2021-08-07", 300)):
+        (data / corpus).mkdir(parents=True)
+        take(os.path.join(base, corpus, prefix), n, str(data / corpus / prefix))
+    work = tmp_path / "work"
+    env = dict(DATA=str(data), SPM_VOCAB="500", VALID_SIZE="20", SHORT_TEST_SIZE="10", MAX_UPDATE="3",
+               MAX_TOKENS="1000", WARMUP="2", SEEDS="1 2", SYSTEMS="ape-sinusoidal", BINS="16,20+")
+    out = cli("env", *[f"{k}={v}" for k, v in env.items()], "bash",
+              os.path.join(REPO, "scripts", "recipes", "s2l-cpu-captions.sh"), str(work), "--beam", "1",
+              "--progress-seconds", "0")
+    stats = json.loads((work / "split" / "stats.json").read_text())
+    assert stats["unit"] == "word" and stats["threshold"] == 16
+    res = json.loads((work / "runs" / "results.json").read_text())
+    assert res["seeds"] == [1, 2] and res["length_unit"] == "words"
+    row = res["systems"]["ape-sinusoidal"]
+    assert row["all"]["n"] == stats["test"] and len(row["all"]["bleu_seeds"]) == 2
+    assert "mean ± standard deviation over 2 training seeds (1, 2)" in out.stdout

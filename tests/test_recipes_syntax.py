@@ -185,6 +185,11 @@ def test_figure2_s2l(tmp_path, bare_path):
     assert "--buckets 80,100,120,140+ " in bleu and f"--source {data}/s2l-en-de/test.en " in bleu
     assert bleu.count("--system ") == 5
     assert "/s2l-en-de/base/results/figure2" in bleu
+    # the references' loss per bucket, of the same five checkpoints, on the binary test set
+    loss = [c for c in cmds if c.startswith("fairseq-pe-bucket-loss ")]
+    assert len(loss) == 1 and loss[0].startswith(f"fairseq-pe-bucket-loss {data}/s2l-en-de/data-bin ")
+    assert loss[0].count("--system ") == 5 and "--buckets 80,100,120,140+ " in loss[0]
+    assert "/floater-ws/checkpoint" in loss[0] and "--unit token " in loss[0]
 
 
 TABLE6 = {
@@ -298,15 +303,18 @@ def test_bert_pretrain_recipe_follows_table_4(tmp_path, bare_path, mode):
 
 
 def test_bert_cpu_recipe_gives_every_encoding_the_same_budget(tmp_path, bare_path):
-    _, commands = dry_run("bert-cpu.sh", tmp_path, bare_path, OUT=str(tmp_path / "out"))
+    _, commands = dry_run("bert-cpu.sh", tmp_path, bare_path, OUT=str(tmp_path / "out"), SEEDS="1 2")
     trains = train_lines(commands)
     for task in ("masked_lm", "sentence_prediction", "span_prediction"):
         runs = [c for c in trains if f"--task {task}" in c]
-        assert len(runs) == 4, task
-        budget = {(_value(c, "--max-update"), _value(c, "--seed"), _value(c, "--batch-size"), _value(c, "--lr"))
-                  for c in runs}
-        assert len(budget) == 1, budget
+        assert len(runs) == 8, task  # 4 encodings x 2 seeds, each seed in its own folder
+        for seed in ("1", "2"):
+            budget = {(_value(c, "--max-update"), _value(c, "--batch-size"), _value(c, "--lr"))
+                      for c in runs if _value(c, "--seed") == seed}
+            assert len(budget) == 1, budget
+            assert all(_value(c, "--save-dir").endswith(f"-s{seed}") for c in runs if _value(c, "--seed") == seed)
         assert {flags_of(c) for c in runs} == {
             "--pe-absolute learned", "--pe-absolute learnable-sinusoidal",
             "--pe-absolute none --pe-relative learned", "--pe-absolute floater --pe-all-blocks"}
+    assert [c for c in commands if "bert_cpu_table.py" in c][0].rstrip().endswith("--seeds 1 2")
     assert all("--tokens-per-sample 128" in c and "--max-positions 512" in c for c in trains if "masked_lm" in c)

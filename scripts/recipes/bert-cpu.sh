@@ -9,12 +9,15 @@
 #     (document stride 128), exact match / F1 on every DEV_EVERY-th article of the official dev set
 #     (default 5: 10 of its 48 articles, 2,524 questions; DEV_EVERY=1 for all 10,570) and F1 by where the
 #     gold answer starts (< 128: positions seen in pretraining; >= 128: not seen).
+# Every pipeline runs once per seed of SEEDS (pretraining and fine-tunings with that seed); the table gives
+# mean ± standard deviation over the seeds, or says that it has one seed.
 # Outputs: OUT/results.{md,json,png}.  Every step is skipped when its output exists (rerun to resume).
 #
-# Usage: scripts/recipes/bert-cpu.sh            (about 2 h on 2 CPU cores with JOBS=2)
+# Usage: scripts/recipes/bert-cpu.sh            (about 2 h per seed on 2 CPU cores with JOBS=2)
 # Environment: OUT (default ./bert-cpu), SHARED (../shared/data), SYSTEMS (subset of the names below),
-#   JOBS (pipelines run at once, default 1), PRETRAIN_UPDATES (1200), SST2_UPDATES (600),
-#   SQUAD_UPDATES (600), DEV_EVERY (5), SEED (1), VOCAB (8000), DRY_RUN=1 (print the commands only), PYTHON.
+#   SEEDS (space-separated, default "1"; e.g. SEEDS="1 2 3"), JOBS (pipelines run at once, default 1),
+#   PRETRAIN_UPDATES (1200), SST2_UPDATES (600), SQUAD_UPDATES (600), DEV_EVERY (5), VOCAB (8000),
+#   DRY_RUN=1 (print the commands only), PYTHON.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PYTHON=${PYTHON:-python}
@@ -23,7 +26,7 @@ SHARED=${SHARED:-$REPO/../shared/data}
 PRETRAIN_UPDATES=${PRETRAIN_UPDATES:-1200}
 SST2_UPDATES=${SST2_UPDATES:-600}
 SQUAD_UPDATES=${SQUAD_UPDATES:-600}
-SEED=${SEED:-1}
+SEEDS=${SEEDS:-${SEED:-1}}  # SEED: the one seed of earlier versions
 VOCAB=${VOCAB:-8000}
 DEV_EVERY=${DEV_EVERY:-5}
 JOBS=${JOBS:-1}
@@ -71,54 +74,56 @@ print(len(d["data"]), "articles,", sum(len(p["qas"]) for a in d["data"] for p in
   --spm-model mono-bin/spm.model --dict mono-bin/dict.txt --destdir squad-bin --max-length 512 \
   --doc-stride 128 --max-query-length 64 --workers 2 --force
 
-pipeline() {
-  local name=$1
+pipeline() {  # pipeline NAME SEED: the runs of one encoding and seed, in folders and files NAME-sSEED
+  local name=$1 SEED=$2 tag=$1-s$2
   # shellcheck disable=SC2086
   local pe=(${FLAGS[$name]})
   local common=(--user-dir "$PLUGIN" --arch roberta_pe_tiny "${pe[@]}" --optimizer adam --adam-betas '(0.9,0.98)'
                 --adam-eps 1e-6 --weight-decay 0.01 --clip-norm 1.0 --lr-scheduler polynomial_decay
                 --dropout 0.1 --attention-dropout 0.1 --seed "$SEED" --cpu --num-workers 0
                 --no-epoch-checkpoints --log-format simple --log-interval 50)
-  if [[ ! -f pt-$name/train.done || $DRY_RUN == 1 ]]; then
-    run "pt-$name.log" fairseq-train mono-bin --task masked_lm --criterion masked_lm "${common[@]}" \
+  if [[ ! -f pt-$tag/train.done || $DRY_RUN == 1 ]]; then
+    run "pt-$tag.log" fairseq-train mono-bin --task masked_lm --criterion masked_lm "${common[@]}" \
       --tokens-per-sample 128 --max-positions 512 --lr 1e-3 --warmup-updates $((PRETRAIN_UPDATES / 12)) \
-      --total-num-update "$PRETRAIN_UPDATES" --max-update "$PRETRAIN_UPDATES" --batch-size 32 --save-dir "pt-$name"
-    [[ $DRY_RUN == 1 ]] || touch "pt-$name/train.done"
+      --total-num-update "$PRETRAIN_UPDATES" --max-update "$PRETRAIN_UPDATES" --batch-size 32 --save-dir "pt-$tag"
+    [[ $DRY_RUN == 1 ]] || touch "pt-$tag/train.done"
   fi
-  if [[ ! -f sst2-$name.json ]]; then
+  if [[ ! -f sst2-$tag.json ]]; then
     local task_args
     task_args=$("$PYTHON" -c 'import json,sys; print(" ".join(json.load(open(sys.argv[1]))["fairseq_train_args"]))' \
       glue/SST-2-bin/task.json 2>/dev/null || echo "--task sentence_prediction --num-classes 2 (from task.json)")
     # shellcheck disable=SC2086
-    run "sst2-$name.log" fairseq-train glue/SST-2-bin $task_args "${common[@]}" \
-      --restore-file "pt-$name/checkpoint_last.pt" --lr 2e-4 --warmup-updates $((SST2_UPDATES * 6 / 100 + 1)) \
+    run "sst2-$tag.log" fairseq-train glue/SST-2-bin $task_args "${common[@]}" \
+      --restore-file "pt-$tag/checkpoint_last.pt" --lr 2e-4 --warmup-updates $((SST2_UPDATES * 6 / 100 + 1)) \
       --total-num-update "$SST2_UPDATES" --max-update "$SST2_UPDATES" --batch-size 32 \
-      --disable-validation --save-dir "sst2-$name"
-    run "sst2-$name.eval.log" fairseq-pe-glue-eval glue/SST-2-bin --path "sst2-$name/checkpoint_last.pt" \
-      --user-dir "$PLUGIN" --split valid --cpu --quiet --out "sst2-$name" --force
+      --disable-validation --save-dir "sst2-$tag"
+    run "sst2-$tag.eval.log" fairseq-pe-glue-eval glue/SST-2-bin --path "sst2-$tag/checkpoint_last.pt" \
+      --user-dir "$PLUGIN" --split valid --cpu --quiet --out "sst2-$tag" --force
   fi
-  if [[ ! -f squad-$name.scores.json ]]; then
-    run "squad-$name.log" fairseq-train squad-bin --task span_prediction --criterion span_prediction "${common[@]}" \
-      --max-positions 512 --restore-file "pt-$name/checkpoint_last.pt" --reset-optimizer --reset-dataloader \
+  if [[ ! -f squad-$tag.scores.json ]]; then
+    run "squad-$tag.log" fairseq-train squad-bin --task span_prediction --criterion span_prediction "${common[@]}" \
+      --max-positions 512 --restore-file "pt-$tag/checkpoint_last.pt" --reset-optimizer --reset-dataloader \
       --reset-meters --lr 3e-4 --warmup-updates $((SQUAD_UPDATES * 6 / 100 + 1)) --total-num-update "$SQUAD_UPDATES" --max-update "$SQUAD_UPDATES" \
-      --batch-size 16 --required-batch-size-multiple 1 --disable-validation --save-dir "squad-$name"
-    run "squad-$name.predict.log" fairseq-pe-squad-predict squad-bin --path "squad-$name/checkpoint_last.pt" \
-      --split valid --json squad-dev.json --out "squad-$name" --cpu --force
+      --batch-size 16 --required-batch-size-multiple 1 --disable-validation --save-dir "squad-$tag"
+    run "squad-$tag.predict.log" fairseq-pe-squad-predict squad-bin --path "squad-$tag/checkpoint_last.pt" \
+      --split valid --json squad-dev.json --out "squad-$tag" --cpu --force
   fi
 }
 
 running=0
-for name in $SYSTEMS; do
-  if [[ $JOBS -gt 1 && $DRY_RUN != 1 ]]; then
-    pipeline "$name" &
-    running=$((running + 1))
-    if [[ $running -ge $JOBS ]]; then wait -n; running=$((running - 1)); fi
-  else
-    pipeline "$name"
-  fi
+for seed in $SEEDS; do
+  for name in $SYSTEMS; do
+    if [[ $JOBS -gt 1 && $DRY_RUN != 1 ]]; then
+      pipeline "$name" "$seed" &
+      running=$((running + 1))
+      if [[ $running -ge $JOBS ]]; then wait -n; running=$((running - 1)); fi
+    else
+      pipeline "$name" "$seed"
+    fi
+  done
 done
 wait
 
 run table.log "$PYTHON" "$REPO/scripts/recipes/bert_cpu_table.py" --out "$OUT" --squad-json "${OUT}/squad-dev.json" \
-  --systems $SYSTEMS
+  --systems $SYSTEMS --seeds $SEEDS
 [[ $DRY_RUN == 1 ]] || cat "$OUT/results.md"

@@ -2,6 +2,7 @@
 dev EM/F1, and SQuAD F1 by where the gold answer starts in the model's input (positions < 128 were
 seen in pretraining at 128 tokens, the others were not: Wang et al. §4.2, Fig. 1).
 
+Each score is the mean ± standard deviation over the recipe's seeds (``--seeds``; files ``NAME-sSEED``).
 Writes OUT/results.md, OUT/results.json and OUT/results.png.
 """
 
@@ -11,6 +12,7 @@ import os
 import re
 from collections import defaultdict
 
+from fairseq_pe.seeds import mean_sd
 from fairseq_pe.squad import evaluate_v1, f1_v1, iter_questions
 
 BUCKETS = [(0, 128, "< 128"), (128, 256, "128-255"), (256, 1 << 30, ">= 256")]
@@ -59,8 +61,48 @@ def f1_by_bucket(dataset, predictions, positions):
     return {name: (100.0 * sums[name] / counts[name] if counts[name] else None, counts[name]) for _, _, name in BUCKETS}
 
 
-def fmt(v, digits=1):
-    return "-" if v is None else f"{v:.{digits}f}"
+def fmt(v, digits=1, sd=None):
+    if v is None:
+        return "-"
+    return f"{v:.{digits}f}" + (f" ± {sd:.{digits}f}" if sd is not None else "")
+
+
+def seed_row(out, dataset, positions, tag):
+    """The scores of one run (``NAME-sSEED``): each present once its step has finished."""
+    row = {}
+    log = os.path.join(out, f"pt-{tag}.log")
+    row["mlm_valid_loss"] = mlm_valid_loss(log) if os.path.exists(log) else None
+    sst2 = os.path.join(out, f"sst2-{tag}.json")
+    if os.path.exists(sst2):
+        with open(sst2) as f:
+            row["sst2_accuracy"] = 100.0 * json.load(f)["metrics"]["accuracy"]
+    pred_path = os.path.join(out, f"squad-{tag}.predictions.json")
+    if os.path.exists(pred_path):
+        with open(pred_path) as f:
+            predictions = json.load(f)
+        row.update({f"squad_{k}": v for k, v in evaluate_v1(dataset, predictions).items() if k in ("exact_match", "f1")})
+        buckets = f1_by_bucket(dataset, predictions, positions)
+        row.update({f"squad_f1_at_{k}": v[0] for k, v in buckets.items()})
+        row["squad_questions_by_answer_start"] = {k: v[1] for k, v in buckets.items()}
+    return row
+
+
+#: the table's scores: (key, column, decimals)
+COLUMNS = ([("mlm_valid_loss", "MLM valid loss (bits)", 3), ("sst2_accuracy", "SST-2 acc", 1),
+            ("squad_exact_match", "SQuAD EM", 1), ("squad_f1", "SQuAD F1", 1)]
+           + [(f"squad_f1_at_{name}", f"F1, answer at {name}", 1) for _, _, name in BUCKETS])
+
+
+def combine_seeds(name, runs):
+    """Mean and sample standard deviation over the seeds of every score (a score missing in a seed: None)."""
+    row = {"system": name, "flags": FLAGS.get(name, ""), "seeds": {str(seed): r for seed, r in runs.items()}}
+    for key, _, _ in COLUMNS:
+        values = [r.get(key) for r in runs.values()]
+        if any(v is None for v in values):
+            row[key], row[key + "_sd"] = None, None
+        else:
+            row[key], row[key + "_sd"] = mean_sd(values)
+    return row
 
 
 def main():
@@ -68,39 +110,24 @@ def main():
     p.add_argument("--out", required=True, help="the recipe's OUT directory")
     p.add_argument("--squad-json", required=True, help="dev-v1.1.json")
     p.add_argument("--systems", nargs="+", required=True)
+    p.add_argument("--seeds", nargs="+", type=int, default=[1], help="the recipe's SEEDS")
     args = p.parse_args()
     with open(args.squad_json) as f:
         dataset = json.load(f)["data"]
     positions = answer_positions(os.path.join(args.out, "squad-bin"))
-    rows = []
-    for name in args.systems:
-        row = {"system": name, "flags": FLAGS.get(name, "")}
-        log = os.path.join(args.out, f"pt-{name}.log")
-        row["mlm_valid_loss"] = mlm_valid_loss(log) if os.path.exists(log) else None
-        sst2 = os.path.join(args.out, f"sst2-{name}.json")
-        if os.path.exists(sst2):
-            with open(sst2) as f:
-                row["sst2_accuracy"] = 100.0 * json.load(f)["metrics"]["accuracy"]
-        pred_path = os.path.join(args.out, f"squad-{name}.predictions.json")
-        if os.path.exists(pred_path):
-            with open(pred_path) as f:
-                predictions = json.load(f)
-            row.update({f"squad_{k}": v for k, v in evaluate_v1(dataset, predictions).items()
-                        if k in ("exact_match", "f1")})
-            buckets = f1_by_bucket(dataset, predictions, positions)
-            row["squad_f1_by_answer_start"] = {k: v[0] for k, v in buckets.items()}
-            row["squad_questions_by_answer_start"] = {k: v[1] for k, v in buckets.items()}
-        rows.append(row)
-
-    header = ("| encoding | flags | MLM valid loss (bits) | SST-2 acc | SQuAD EM | SQuAD F1 | "
-              + " | ".join(f"F1, answer at {name}" for _, _, name in BUCKETS) + " |")
-    lines = [header, "|" + "---|" * (6 + len(BUCKETS))]
+    rows = [combine_seeds(name, {seed: seed_row(args.out, dataset, positions, f"{name}-s{seed}") for seed in args.seeds})
+            for name in args.systems]
+    if len(args.seeds) > 1:
+        spread = f"mean ± standard deviation over {len(args.seeds)} seeds ({', '.join(map(str, args.seeds))})"
+    else:
+        spread = f"ONE seed ({args.seeds[0]}): no spread measured; SEEDS='1 2 3' gives mean ± standard deviation"
+    header = "| encoding | flags | " + " | ".join(col for _, col, _ in COLUMNS) + " |"
+    lines = [spread, "", header, "|" + "---|" * (2 + len(COLUMNS))]
     for r in rows:
-        by = r.get("squad_f1_by_answer_start", {})
-        lines.append(f"| {r['system']} | `{r['flags']}` | {fmt(r.get('mlm_valid_loss'), 3)} | "
-                     f"{fmt(r.get('sst2_accuracy'))} | {fmt(r.get('squad_exact_match'))} | {fmt(r.get('squad_f1'))} | "
-                     + " | ".join(fmt(by.get(name)) for _, _, name in BUCKETS) + " |")
-    counts = next((r["squad_questions_by_answer_start"] for r in rows if "squad_questions_by_answer_start" in r), None)
+        lines.append(f"| {r['system']} | `{r['flags']}` | "
+                     + " | ".join(fmt(r[key], digits, r[key + "_sd"]) for key, _, digits in COLUMNS) + " |")
+    counts = next((run["squad_questions_by_answer_start"] for r in rows for run in r["seeds"].values()
+                   if "squad_questions_by_answer_start" in run), None)
     if counts:
         lines.append("")
         total = sum(1 for _ in iter_questions(dataset))
@@ -112,28 +139,29 @@ def main():
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+        json.dump({"seeds": args.seeds, "rows": rows}, f, indent=1)
     plot(rows, os.path.join(args.out, "results.png"))
     print(text, end="")
 
 
 def plot(rows, path):
-    import matplotlib
+    """SST-2 accuracy and SQuAD F1 by answer position, bars with the standard deviation over seeds."""
+    from fairseq_pe.bucket_bleu import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     names = [r["system"] for r in rows]
-    ax1.bar(names, [r.get("sst2_accuracy") or 0 for r in rows], color="tab:blue")
+    ax1.bar(names, [r.get("sst2_accuracy") or 0 for r in rows], yerr=[r.get("sst2_accuracy_sd") or 0 for r in rows],
+            capsize=3, color="tab:blue")
     ax1.set_ylabel("SST-2 dev accuracy (%)")
     ax1.set_ylim(45, max([60] + [(r.get("sst2_accuracy") or 0) + 5 for r in rows]))
     ax1.set_title("SST-2")
     width = 0.8 / max(1, len(rows))
     for i, r in enumerate(rows):
-        by = r.get("squad_f1_by_answer_start", {})
         xs = [j + i * width for j in range(len(BUCKETS))]
-        ax2.bar(xs, [by.get(name) or 0 for _, _, name in BUCKETS], width=width, label=r["system"])
+        keys = [f"squad_f1_at_{name}" for _, _, name in BUCKETS]
+        ax2.bar(xs, [r.get(k) or 0 for k in keys], yerr=[r.get(k + "_sd") or 0 for k in keys], capsize=2,
+                width=width, label=r["system"])
     ax2.set_xticks([j + width * (len(rows) - 1) / 2 for j in range(len(BUCKETS))])
     ax2.set_xticklabels([f"answer at {name}" for _, _, name in BUCKETS])
     ax2.set_ylabel("SQuAD v1.1 dev F1")

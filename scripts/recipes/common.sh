@@ -432,13 +432,16 @@ generate() {
         --post-process sentencepiece "${PREC_FLAGS[@]}" "${CPU_FLAGS[@]}"
 }
 
-# evaluate NAME DATA_BIN [UPDATES]: average, then decode; appends NAME=output to SCORED
+# evaluate NAME DATA_BIN [UPDATES]: average, then decode; appends NAME=output to SCORED and
+# NAME=checkpoint to LOSS_SYSTEMS
 SCORED=()
+LOSS_SYSTEMS=()
 evaluate() {
     local name=$1 data=$2 updates=${3:-$MAX_UPDATE}
     average "$name" "$updates"
     generate "$name" "$data" "$CKPT"
     SCORED+=(--system "$name=$GEN_OUT")
+    LOSS_SYSTEMS+=(--system "$name=$CKPT")
 }
 
 # score PREFIX TITLE BUCKETS SOURCE REFERENCE SPM [more fairseq-pe-bucket-bleu flags]: one table + PNG
@@ -451,6 +454,17 @@ score() {
     run fairseq-pe-bucket-bleu "${SCORED[@]}" --source "$source" --reference "$ref" \
         --spm-model "$spm" --unit subword --buckets "$buckets" --tokenized-bleu "$TGT" \
         --title "$title" --out "$prefix" --force "$@"
+}
+
+# score_loss PREFIX TITLE BUCKETS DATA_BIN: the teacher-forced loss of the test references per source-length
+# bucket (source sentencepiece tokens, as score's) and per target position, of every system in LOSS_SYSTEMS
+# (fairseq-pe-bucket-loss: table, JSON, PNG); a sentence beyond a learned table is counted in its own column
+score_loss() {
+    local prefix=$1 title=$2 buckets=$3 data=$4
+    ((${#LOSS_SYSTEMS[@]})) || die "no system to score (SYSTEMS='${SYSTEMS:-}')"
+    dry || mkdir -p "${prefix%/*}"
+    run fairseq-pe-bucket-loss "$data" "${LOSS_SYSTEMS[@]}" --gen-subset test --unit token --buckets "$buckets" \
+        --beyond-table report --title "$title" --out "$prefix" --force "${CPU_FLAGS[@]}"
 }
 
 # Train every selected system of FROM_SCRATCH (flags in the associative array FLAGS), then the

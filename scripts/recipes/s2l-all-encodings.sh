@@ -53,7 +53,7 @@ case $0 in */*) source "${0%/*}/common.sh" ;; *) source ./common.sh ;; esac
 
 setup_model base en-de
 preflight fairseq-pe-prepare-wmt14 fairseq-pe-s2l-split fairseq-train fairseq-generate \
-    fairseq-pe-warm-start-floater fairseq-pe-bucket-bleu
+    fairseq-pe-warm-start-floater fairseq-pe-bucket-bleu fairseq-pe-bucket-loss
 RUN_DIR=$OUT_ROOT/s2l-en-de/base
 
 prepare_s2l
@@ -84,7 +84,8 @@ train_and_evaluate_all "$DATA"
 RESULTS=$RUN_DIR/results/s2l-all
 score "$RESULTS" "WMT14 En-De S2L (train < 80 tokens): every encoding, base" \
     80,100,120,140+ "$S2L_DIR/test.en" "$S2L_DIR/test.de" "$S2L_DIR/spm.model"
+score_loss "$RESULTS-loss" "teacher-forced loss of the S2L references" 80,100,120,140+ "$DATA"
 if ! dry; then
-    cat "$RESULTS.txt"
-    log "plot: $RESULTS.png; split statistics: $S2L_DIR/stats.json"
+    cat "$RESULTS.txt" "$RESULTS-loss.txt"
+    log "plots: $RESULTS.png, $RESULTS-loss.png; split statistics: $S2L_DIR/stats.json"
 fi

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# A real-data short-to-long comparison on CPU in which the models translate: the Multi30k image captions
+# and the Tatoeba sentences of ../shared/data/mt/en-de (51,111 short, simple En-De pairs).
+#
+#   bash scripts/recipes/s2l-cpu-captions.sh [WORKDIR] [more fairseq-pe-quickstart flags]
+#
+# Sources shorter than 16 words train (43,199 pairs after 1,000 valid and 1,000 "short" test pairs are
+# held back); the 5,806 longer pairs are tested in the bins [16,20), [20,25), [25,30), [30,inf) words,
+# up to twice the longest training source and more.  Every encoding of the quickstart, transformer_pe_tiny,
+# 1,200 updates of 2,048 tokens (about 6.5 min per run on one core), seeds 1 2 3, two runs at a time.
+# It is scripts/recipes/s2l-cpu-en-de.sh with these settings; every variable of that recipe (SEEDS,
+# SYSTEMS, MAX_UPDATE, JOBS, ...) overrides them.  A re-run resumes: finished runs are reused.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+DATA=${DATA:-$REPO/../shared/data/mt/en-de}
+export CORPUS_DIRS=${CORPUS_DIRS:-"$DATA/multi30k $DATA/tatoeba"}
+export UNIT=${UNIT:-word} THRESHOLD=${THRESHOLD:-16} BINS=${BINS:-16,20,25,30+} SPM_VOCAB=${SPM_VOCAB:-6000}
+export MAX_UPDATE=${MAX_UPDATE:-1200} MAX_TOKENS=${MAX_TOKENS:-2048} LR=${LR:-0.005} WARMUP=${WARMUP:-200}
+export SEEDS=${SEEDS:-"1 2 3"}
+export SYSTEMS=${SYSTEMS:-"none ape-learned ape-sinusoidal ape-learnable-sin rpe-learned rpe-sinusoidal rpe-learnable-sin rope alibi t5 floater floater-bias"}
+WORK=${1:-s2l-cpu-captions-work}
+[ $# -gt 0 ] && shift
+exec bash "$REPO/scripts/recipes/s2l-cpu-en-de.sh" "$WORK" "$@"
