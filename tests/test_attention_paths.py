@@ -111,3 +111,15 @@ def test_every_attention_module_is_position_attention():
                or type(m).__name__.endswith("Attention")]
     assert modules and all(isinstance(m, PositionAttention) for m in modules)
     assert sum(m.relative is not None for m in modules) == len(model.encoder.layers) + len(model.decoder.layers)
+
+
+@pytest.mark.parametrize("option", ["add_bias_kv", "add_zero_attn"])
+def test_a_relative_encoding_refuses_extra_keys(option):
+    """fairseq's add_bias_kv / add_zero_attn append a key no distance belongs to: refused, with the reason."""
+    from fairseq.modules import MultiheadAttention
+
+    model, _ = build_model("--pe-relative", "t5")
+    attention = PositionAttention.adopt(MultiheadAttention(64, 4, self_attention=True, **{option: True}))
+    with pytest.raises(ValueError, match="--pe-relative does not support add_bias_kv / add_zero_attn"):
+        attention.attach_relative(model.encoder.embed_positions.relative, 1)
+    attention.attach_relative(None, 1)  # without a relative encoding they are fairseq's own

@@ -94,9 +94,7 @@ class BlockPositionMixin:
             self.given_positions = None
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        if getattr(cfg, "pe_relative", "none") != "none":
-            if add_bias_kv or add_zero_attn:
-                raise ValueError("--pe-relative does not support add_bias_kv / add_zero_attn")
+        # (a relative encoding refuses add_bias_kv / add_zero_attn in PositionAttention.attach_relative)
         extra = {"add_bias_kv": add_bias_kv, "add_zero_attn": add_zero_attn} if add_bias_kv or add_zero_attn else {}
         return PositionAttention.adopt(super().build_self_attention(embed_dim, cfg, **extra))
 
