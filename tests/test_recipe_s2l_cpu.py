@@ -53,7 +53,7 @@ def test_s2l_cpu_recipe_smoke(tmp_path):
 
 @pytest.mark.shared_data
 def test_s2l_cpu_captions_recipe_with_two_seeds(tmp_path):
-    """The caption/Tatoeba recipe: word-length split at 16, two seeds combined."""
+    """The caption/Tatoeba recipe: a split at 20 sentencepiece tokens, two seeds combined."""
     base = shared_data("mt", "en-de")
     data = tmp_path / "data"
     for corpus, prefix, n in (("multi30k", "train", 400), ("tatoeba", "tatoeba-v2021-08-07", 300)):
@@ -61,14 +61,14 @@ def test_s2l_cpu_captions_recipe_with_two_seeds(tmp_path):
         take(os.path.join(base, corpus, prefix), n, str(data / corpus / prefix))
     work = tmp_path / "work"
     env = dict(DATA=str(data), SPM_VOCAB="500", VALID_SIZE="20", SHORT_TEST_SIZE="10", MAX_UPDATE="3",
-               MAX_TOKENS="1000", WARMUP="2", SEEDS="1 2", SYSTEMS="ape-sinusoidal", BINS="16,20+")
+               MAX_TOKENS="1000", WARMUP="2", SEEDS="1 2", SYSTEMS="ape-sinusoidal", BINS="20,25+")
     out = cli("env", *[f"{k}={v}" for k, v in env.items()], "bash",
               os.path.join(REPO, "scripts", "recipes", "s2l-cpu-captions.sh"), str(work), "--beam", "1",
               "--progress-seconds", "0")
     stats = json.loads((work / "split" / "stats.json").read_text())
-    assert stats["unit"] == "word" and stats["threshold"] == 16
+    assert stats["unit"] == "subword" and stats["threshold"] == 20
     res = json.loads((work / "runs" / "results.json").read_text())
-    assert res["seeds"] == [1, 2] and res["length_unit"] == "words"
+    assert res["seeds"] == [1, 2] and res["length_unit"] == "sentencepiece tokens"
     row = res["systems"]["ape-sinusoidal"]
     assert row["all"]["n"] == stats["test"] and len(row["all"]["bleu_seeds"]) == 2
     assert "mean ± standard deviation over 2 training seeds (1, 2)" in out.stdout
