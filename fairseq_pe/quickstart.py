@@ -368,7 +368,7 @@ def check_workdir(args, systems: Sequence[Tuple[str, List[str]]]) -> dict:
         log(f"{work}: a work dir of an earlier version (its options were not recorded); reusing it")
     problems, rebuild = [], set()
     if have is not None:
-        data = _differences(have.get("data", {}), want["data"])
+        data = _differences(_renamed_data_seed(have.get("data", {})), want["data"])
         if data:
             problems += data
             rebuild |= {"raw", "spm", "data-bin", "extra"}
@@ -378,14 +378,20 @@ def check_workdir(args, systems: Sequence[Tuple[str, List[str]]]) -> dict:
                             "source file changed (test sets can be added at the end; changing or removing one "
                             "would leave translations of the old one)")
             rebuild |= {"data-bin", "extra"}
+    moves = []  # (folder of an earlier version's one seed, its seed-S folder now)
     for (name, flags), seed in [(system, seed) for seed in args.seeds for system in systems]:
         folder = system_dir(args, name, seed)
+        earlier = os.path.dirname(folder)  # systems/NAME: where versions before --seeds trained their one seed
+        if not os.path.exists(folder) and (_read_json(os.path.join(earlier, "system.json")) or {}).get(
+                "config", {}).get("seed") == seed:
+            moves.append((earlier, folder))
+            folder = earlier
         record = _read_json(os.path.join(folder, "system.json"))
         results = os.path.isdir(folder) and any(f == "train.done" or f.startswith("generate-")
                                                  for f in os.listdir(folder))
         if record is not None and results:
             have_cfg, want_cfg = dict(record.get("config", {})), system_config(args, flags, seed)
-            if have_cfg.pop("data", None) != want_cfg.pop("data"):
+            if _renamed_data_seed(have_cfg.pop("data", None) or {}) != want_cfg.pop("data"):
                 problems.append(f"system {name} (seed {seed}): trained on other data")
             problems += [f"system {name} (seed {seed}): {d}" for d in _differences(have_cfg, want_cfg)]
     if problems and not args.force:
@@ -393,7 +399,21 @@ def check_workdir(args, systems: Sequence[Tuple[str, List[str]]]) -> dict:
                         "--force to rebuild and retrain, or choose another --workdir")
     for entry in sorted(rebuild):  # --force: the quickstart's own folders, rebuilt below
         shutil.rmtree(os.path.join(work, entry), ignore_errors=True)
+    for earlier, folder in moves:  # adopted: the run moves into its seed's folder, nothing is trained again
+        os.makedirs(folder)
+        for entry in os.listdir(earlier):
+            if not entry.startswith("seed-"):
+                os.rename(os.path.join(earlier, entry), os.path.join(folder, entry))
+        log(f"{earlier}: a run of an earlier version, moved into {folder}")
     return want
+
+
+def _renamed_data_seed(data: dict) -> dict:
+    """A data record of a version before ``--data-seed``, whose synthetic corpus seed was ``seed``."""
+    if "seed" in data and "data_seed" not in data:
+        data = dict(data)
+        data["data_seed"] = data.pop("seed")
+    return data
 
 
 def system_dir(args, name: str, seed: int) -> str:

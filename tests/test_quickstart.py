@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 
 import pytest
 
@@ -209,3 +210,28 @@ def test_a_failed_decoding_marks_its_column_and_is_reported():
     res = subset_scores(run, "test1", ["a b", "c"], [0, 0], [(0, None)], failures, "sys", "extra")
     assert res["all"] == {"bleu": None, "n": 2, "ratio": None, "na": run.errors["test1"]}
     assert failures == ["sys/extra: decoding failed (fairseq-generate; its log: x.log)"]
+
+
+def test_a_work_dir_of_the_version_before_seeds_is_adopted(tmp_path):
+    """Before --seeds, a system's one run lived in systems/NAME/ and the corpus seed was "seed": such a
+    work dir is reused as it is, its runs moved into systems/NAME/seed-1, nothing trained again."""
+    work = tmp_path / "qs"
+    cmd = ["fairseq-pe-quickstart", "--workdir", str(work), "--train-size", "200", "--test-per-bucket", "3",
+           "--buckets", "1,9,17", "--systems", "ape-sinusoidal", *SMALL]
+    cli(*cmd)
+    before = json.load(open(work / "results.json"))["systems"]
+    system = work / "systems" / "ape-sinusoidal"
+    for entry in os.listdir(system / "seed-1"):  # back to the earlier layout and records
+        if not entry.startswith("losses-"):
+            os.rename(system / "seed-1" / entry, system / entry)
+    shutil.rmtree(system / "seed-1")
+    for path, key in ((work / "quickstart.json", "data"), (system / "system.json", "config")):
+        record = json.load(open(path))
+        data = record[key] if key == "data" else record[key]["data"]
+        data["seed"] = data.pop("data_seed")
+        json.dump(record, open(path, "w"))
+    again = cli(*cmd)
+    assert ": training (" not in again.stdout and ": decoding " not in again.stdout
+    assert "moved into" in again.stdout
+    assert os.path.isfile(system / "seed-1" / "checkpoint_last.pt") and not os.path.exists(system / "checkpoint_last.pt")
+    assert json.load(open(work / "results.json"))["systems"] == before
