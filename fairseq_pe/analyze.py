@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--side", choices=["encoder", "decoder"], default="encoder",
                    help="which stack of a translation model to analyse (default: the encoder; RoBERTa has "
                         "only an encoder). On the decoder, identical-word logits exist for keys up to the query")
+    p.add_argument("--trained-length", type=int, default=None, metavar="N",
+                   help="the longest training sequence in positions, marked on norms.png (default: what the "
+                        "checkpoint records, for masked LM its --tokens-per-sample)")
     p.add_argument("--user-dir", default=None,
                    help="another fairseq plugin to import first, for checkpoints of its models")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -80,7 +83,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     from fairseq_pe.analysis import AnalysisOptions, analyze_checkpoints
 
     options = AnalysisOptions(length=args.length, probe_length=args.probe_length, num_tokens=args.num_tokens,
-                              max_offset=args.max_offset, seed=args.seed, side=args.side)
+                              max_offset=args.max_offset, seed=args.seed, side=args.side,
+                              trained_length=args.trained_length)
     # AnalysisError and CheckpointError are UserErrors: "fairseq-pe-analyze: error: ...", status 2
     analyses = analyze_checkpoints(args.checkpoints, args.out, names=args.names, options=options, force=args.force)
     with open(f"{args.out}/properties.md") as f:

@@ -32,7 +32,7 @@ STOCK_SIZES = ["--encoder-layers", "2", "--decoder-layers", "1", "--encoder-embe
                "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
                "--decoder-attention-heads", "2", "--encoder-learned-pos", "--max-source-positions", "90"]
 PER_CHECKPOINT = {"report.md", "scores.json", "matrices.npz", "absolute.png", "identical-word.png", "profiles.png",
-                  "probe.png"}
+                  "probe.png", "norms.png"}
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def checkpoints(tmp_path_factory):
 def test_command_writes_every_file(checkpoints, tmp_path):
     out = tmp_path / "out"
     proc = cli("fairseq-pe-analyze", checkpoints["lsin"], checkpoints["stock"], "--out", str(out),
-               "--length", "48", "--probe-length", "80", "--num-tokens", "20")
+               "--length", "48", "--probe-length", "80", "--num-tokens", "20", "--trained-length", "20")
     # one table of both, on stdout and in properties.md
     table = (out / "properties.md").read_text()
     assert table in proc.stdout
@@ -88,6 +88,12 @@ def test_command_writes_every_file(checkpoints, tmp_path):
     assert torch.equal(torch.tensor(s["frequencies"][0]["initial"]), transformer_frequencies(64).double())
     assert not torch.allclose(learned, transformer_frequencies(64).double())  # 25 updates moved them
     assert len(s["identical_word"]["heads"]) == 4
+    # norms against position (norms.png): every sinusoid [sin ωp; cos ωp] has norm √(D/2), whatever ω
+    assert len(s["absolute"]["1"]["norms"]) == 48 and s["trained_length"] == 20
+    np.testing.assert_allclose(s["absolute"]["1"]["norms"], [32 ** 0.5] * 48, rtol=1e-5)
+    mean_logits = np.load(out / "lsin" / "matrices.npz")["identical_word_mean"]
+    by_hand = [np.abs(mean_logits[:i + 1, :i + 1]).max() for i in range(48)]  # positions 0..i
+    np.testing.assert_allclose(s["identical_word"]["max_abs_up_to"], by_hand, rtol=1e-5)
     assert summary["lsin"]["identical_word.symmetry"] == s["identical_word"]["mean"]["symmetry"]
 
     stock = json.loads((out / "stock" / "scores.json").read_text())
@@ -250,3 +256,10 @@ def test_out_is_replaced_only_with_force_and_never_over_a_checkpoint(tmp_path, c
     assert odd.read_bytes() == ape.read_bytes()
     code, err = main(tmp_path / "nope.pt", "--out", out, "--force")
     assert code == 2 and f"error: {tmp_path / 'nope.pt'}: no such file" in err
+
+
+def test_largest_logit_up_to_each_position_by_hand():
+    from fairseq_pe.analysis.report import max_abs_up_to
+
+    m = torch.tensor([[1.0, -5.0, 2.0], [0.0, 3.0, float("nan")], [7.0, 0.0, 1.0]])
+    assert max_abs_up_to(m) == [1.0, 5.0, 7.0]  # the squares [0..i] x [0..i]; NaN (a decoder's future) skipped

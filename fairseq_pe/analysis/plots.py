@@ -17,6 +17,15 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path: str, title: str = ""):
+    """Title (if any), tight layout, PNG at 110 dpi, figure closed."""
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _draw(ax, matrix: torch.Tensor, title: str, ticks: Optional[Tuple[int, int]] = None):
     """``ticks``: the (first, last) label of the rows/columns (relative distances start below 0)."""
     import numpy as np
@@ -86,11 +95,7 @@ def profile_plot(curves: Sequence[Tuple[str, torch.Tensor]], path: str, max_offs
         ax.set_ylabel("mean over x of φ(x, x+m)", fontsize=8)
         ax.set_title(name, fontsize=9)
         ax.tick_params(labelsize=7)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path, title)
 
 
 def frequency_plot(entries: Sequence[dict], path: str):
@@ -135,3 +140,32 @@ def probe_plot(curves: Sequence[Tuple[str, List[int], List[float]]], path: str):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def norm_plot(norms: Sequence[Tuple[str, List[float]]], logit_max: List[float], path: str,
+              trained_length: Optional[int] = None, title: str = ""):
+    """Two panels against position, log scale: ‖p_i‖ of each block's absolute vectors (none: the panel
+    says so), and the largest |identical-word logit| among positions 0..i; the trained length is a
+    dashed line when known."""
+    plt = _pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, values in norms:
+        ax1.plot(range(len(values)), values, label=name, linewidth=1)
+    if norms:
+        ax1.set_yscale("log")
+        ax1.legend(fontsize=7, ncol=2)
+    else:
+        ax1.text(0.5, 0.5, "no absolute position vectors", ha="center", va="center", transform=ax1.transAxes)
+    ax1.set_title("‖p_i‖ of the absolute position vectors", fontsize=9)
+    ax2.plot(range(len(logit_max)), logit_max, color="black", linewidth=1)
+    ax2.set_yscale("log")
+    ax2.set_title("largest |identical-word logit| among positions 0..i (first layer)", fontsize=9)
+    for ax in (ax1, ax2):
+        ax.set_xlabel("position i")
+        ax.grid(alpha=0.3)
+        if trained_length:
+            ax.axvline(trained_length - 0.5, color="grey", linestyle="--", linewidth=0.8,
+                       label=f"trained length ({trained_length})")
+    if trained_length:
+        ax2.legend(fontsize=7)
+    _save(plt, fig, path, title)

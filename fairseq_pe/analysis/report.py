@@ -41,7 +41,7 @@ class AnalysisError(UserError):
 
 #: every file :func:`write_checkpoint` may write into OUT/NAME/, and :func:`write_comparison` into OUT/
 CHECKPOINT_FILES = ("report.md", "scores.json", "matrices.npz", "absolute.png", "relative.png",
-                    "identical-word.png", "profiles.png", "frequencies.png", "probe.png")
+                    "identical-word.png", "profiles.png", "frequencies.png", "probe.png", "norms.png")
 COMPARISON_FILES = ("properties.json", "properties.md", "identical-word.png", "absolute.png", "report.md")
 
 
@@ -53,6 +53,14 @@ class AnalysisOptions:
     max_offset: int = 32  # offsets m1 < m2 <= max_offset counted in the Eq. 2 share
     seed: int = 0
     side: str = "encoder"  # or "decoder" (translation models)
+    trained_length: Optional[int] = None  # marked on the norm curve; None: the checkpoint's record, if any
+
+
+def max_abs_up_to(matrix: torch.Tensor) -> List[float]:
+    """For each position i, the largest |a_rj| over queries r ≤ i and keys j ≤ i: the largest logit a
+    sequence of i + 1 positions holds (NaN entries, keys a decoder's query never sees, are skipped)."""
+    m = matrix.detach().double().abs().nan_to_num(nan=0.0)
+    return [round(float(x), 6) for x in m.cummax(dim=0).values.cummax(dim=1).values.diagonal()]
 
 
 @dataclass
@@ -111,11 +119,14 @@ def check_options(checkpoint: LoadedCheckpoint, options: AnalysisOptions) -> Dic
         raise AnalysisError(f"--side decoder: {where} is a {checkpoint.family} model, which has no decoder")
     if options.max_offset < 1:
         raise AnalysisError(f"--max-offset must be >= 1, got {options.max_offset}")
+    if options.trained_length is not None and options.trained_length < 1:
+        raise AnalysisError(f"--trained-length must be >= 1, got {options.trained_length}")
     limit = position_limit(checkpoint.model, side)
     trained = checkpoint.trained_length if side == "encoder" else None
     dictionary = checkpoint.dictionary if side == "encoder" else checkpoint.target_dictionary
     words = len(dictionary) - len(set(checkpoint.non_words(side)))
     return {"side": side, "limit": limit, "trained_length": trained,
+            "marked_length": options.trained_length or trained,
             "length": _length(options.length, DEFAULT_LENGTH, limit, trained, "--length", where),
             "probe_length": _length(options.probe_length, DEFAULT_PROBE_LENGTH, limit, trained, "--probe-length", where),
             "num_tokens": _count(options.num_tokens, DEFAULT_NUM_TOKENS, words, where)}
@@ -134,7 +145,7 @@ def analyze(checkpoint: LoadedCheckpoint, name: str, options: AnalysisOptions = 
         "dictionary": checkpoint.dictionary_source,
         "embed_dim": int(stack.embed_tokens.embedding_dim), "layers": len(stack.layers),
         "heads": stack.layers[0].self_attn.num_heads,
-        "position_limit": limit, "trained_length": resolved["trained_length"], "options": asdict(options),
+        "position_limit": limit, "trained_length": resolved["marked_length"], "options": asdict(options),
         "length": length, "probe_length": probe_length,
     }
     matrices: Dict[str, torch.Tensor] = {}
@@ -151,7 +162,8 @@ def analyze(checkpoint: LoadedCheckpoint, name: str, options: AnalysisOptions = 
             matrices[f"absolute_dot_block{block}"] = dot
             matrices[f"absolute_cosine_block{block}"] = cos
             absolute[str(block)] = {"dot": scored(dot, gram=True), "cosine": scored(cos, gram=True),
-                                    "probe": regression_probe(v[:probe_length])}
+                                    "probe": regression_probe(v[:probe_length]),
+                                    "norms": [round(float(x), 6) for x in v[:length].norm(dim=-1)]}
         scores["absolute"] = absolute
         logger.info(f"{name}: absolute vectors of {len(vectors)} block(s) ({time.time() - start:.1f}s)")
     else:
@@ -190,7 +202,8 @@ def analyze(checkpoint: LoadedCheckpoint, name: str, options: AnalysisOptions = 
                                             exclude=set(checkpoint.non_words(side)), side=side)
     matrices["identical_word_heads"] = logits
     matrices["identical_word_mean"] = logits.mean(0)
-    scores["identical_word"] = {"mean": scored(logits.mean(0)), "heads": [scored(h) for h in logits]}
+    scores["identical_word"] = {"mean": scored(logits.mean(0)), "heads": [scored(h) for h in logits],
+                                "max_abs_up_to": max_abs_up_to(logits.mean(0))}
     logger.info(f"{name}: identical-word probing over {num_tokens} words ({time.time() - start:.1f}s)")
 
     scores["frequencies"] = learned_frequencies(model, side=side)
@@ -288,6 +301,9 @@ def write_checkpoint(a: Analysis, out_dir: str) -> Dict[str, str]:
          title=a.name)
     if s["frequencies"]:
         draw(plots.frequency_plot, s["frequencies"], path=picture("frequencies", "frequencies.png"))
+    norms = [(f"block {b}", e["norms"]) for b, e in sorted((s["absolute"] or {}).items(), key=lambda x: int(x[0]))]
+    draw(plots.norm_plot, norms, s["identical_word"]["max_abs_up_to"], path=picture("norms", "norms.png"),
+         trained_length=s["trained_length"], title=a.name)
 
     write_json(os.path.join(out_dir, "scores.json"), s)
     with atomic_path(os.path.join(out_dir, "matrices.npz")) as tmp:
@@ -328,7 +344,11 @@ def checkpoint_markdown(a: Analysis, pictures: Dict[str, str]) -> str:
         lines += ["", "## Relative position vectors (Fig. 2, bottom row)", "", f"![relative]({pictures['relative']})"]
     lines += ["", "## Identical-word probing (§3.1 Eq. 5, §5.2 Fig. 3)", "",
               f"![identical-word]({pictures['identical_word']})", "",
-              "## Offset profiles", "", f"![profiles]({pictures['profiles']})"]
+              "## Offset profiles", "", f"![profiles]({pictures['profiles']})",
+              "", "## Size against position (past the training length, if marked)", "",
+              "‖p_i‖ of the absolute vectors of each block, and the largest |identical-word logit| among "
+              "positions 0..i (first layer, mean of heads): an encoding that extrapolates keeps both bounded "
+              "past the trained length.", "", f"![norms]({pictures['norms']})"]
     if s["frequencies"]:
         lines += ["", "## Learned frequencies (App. A.5)", "",
                   "| frequencies | median \\|ω − ω₀\\| / ω₀ | ψ decreasing up to m (learned) | (initial) |",
