@@ -356,16 +356,18 @@ def evaluate(systems: Dict[str, str], data: str, *, subset: str = "test", source
         if len(src_lines) != len(ref_lines):
             raise UserError(f"--source {source} has {len(src_lines)} lines but --reference {reference} has "
                             f"{len(ref_lines)}: the files must be line-aligned")
+    dataset = trained = None  # DATA's test set and dictionaries serve every system: built once
     for name, path in systems.items():
         model, task = load_system(name, path, data, overrides or {}, cpu)
-        if source is not None:
-            dataset, trained = raw_test_set(task, src_lines, ref_lines, spm_model), None
-        else:
-            dataset, trained = binary_test_set(task, subset, data)
-        if lengths is None:
-            lengths = [int(n) - 1 for n in dataset.src_sizes] if unit == "token" else None
-        if len(lengths) != len(dataset):
-            raise UserError(f"{len(lengths)} source lengths but the test set has {len(dataset)} sentences")
+        if dataset is None:
+            if source is not None:
+                dataset = raw_test_set(task, src_lines, ref_lines, spm_model)
+            else:
+                dataset, trained = binary_test_set(task, subset, data)
+            if lengths is None:
+                lengths = [int(n) - 1 for n in dataset.src_sizes] if unit == "token" else None
+            if len(lengths) != len(dataset):
+                raise UserError(f"{len(lengths)} source lengths but the test set has {len(dataset)} sentences")
         losses = score_references(model, task, dataset, max_tokens, beyond, name,
                                   progress=(lambda d, t, name=name: progress(name, d, t)) if progress else None)
         L = train_length or trained

@@ -640,14 +640,13 @@ def subset_scores(run: SystemRun, subset: str, refs: Sequence[str], lengths: Seq
     return bucketed_bleu(hyps, refs, lengths, buckets, missing_reason=reason, n_bootstrap=bootstrap)
 
 
-def score(args, raw: str, run: SystemRun, name: str = "", failures: Optional[List[str]] = None) -> Dict[str, dict]:
-    """Bucketed sacreBLEU on the main test set plus one overall score per ``--extra-test``, each with
-    sacreBLEU's bootstrap interval (``--bootstrap``)."""
+def score(args, raw: str, run: SystemRun, lengths: Sequence[int], name: str = "",
+          failures: Optional[List[str]] = None) -> Dict[str, dict]:
+    """Bucketed sacreBLEU on the main test set (its source ``lengths``: :func:`test_lengths`) plus one
+    overall score per ``--extra-test``, each with sacreBLEU's bootstrap interval (``--bootstrap``)."""
     failures = [] if failures is None else failures
-    sources = read_lines(os.path.join(raw, f"test.{args.source_lang}"))
     refs = read_lines(os.path.join(raw, f"test.{args.target_lang}"))
-    result = subset_scores(run, "test", refs, test_lengths(args, sources), args.buckets, failures, name, "test",
-                           args.bootstrap)
+    result = subset_scores(run, "test", refs, lengths, args.buckets, failures, name, "test", args.bootstrap)
     for i, (extra, _, ref) in enumerate(args.extra_test, start=1):
         refs = read_lines(ref)
         result[extra] = subset_scores(run, f"test{i}", refs, [0] * len(refs), [(0, None)], failures, name,
@@ -690,12 +689,11 @@ def loss_scores(losses, lengths: Sequence[int], buckets) -> Dict[str, dict]:
     return out
 
 
-def losses_of(args, data_bin: str, raw: str, run: SystemRun, name: str) -> Tuple[Dict[str, dict], list]:
+def losses_of(args, data_bin: str, run: SystemRun, lengths: Sequence[int], name: str) -> Tuple[Dict[str, dict], list]:
     """Loss per bucket of the main test set and overall per ``--extra-test`` (as :func:`score`), and the
     sentence losses of the main test set (for the curve against target position)."""
-    sources = read_lines(os.path.join(raw, f"test.{args.source_lang}"))
     losses = reference_losses(args, data_bin, run, "test", name)
-    result = loss_scores(losses, test_lengths(args, sources), args.buckets)
+    result = loss_scores(losses, lengths, args.buckets)
     for i, (extra, _, _) in enumerate(args.extra_test, start=1):
         extra_losses = reference_losses(args, data_bin, run, f"test{i}", name)
         result[extra] = loss_scores(extra_losses, [0] * len(extra_losses), [(0, None)])["all"]
@@ -713,14 +711,15 @@ def report(args, raw: str, data_bin: str, systems, outputs: Dict[Tuple[str, int]
     extra_names = [name for name, _, _ in args.extra_test]
     column_failures: List[str] = []
     bleu_per_seed, loss_per_seed, sentence_losses = {}, {}, {}
+    lengths = test_lengths(args, read_lines(os.path.join(raw, f"test.{args.source_lang}")))  # once for all runs
     log("scoring: sacreBLEU per bucket (with its bootstrap interval) and the references' loss per bucket")
     for seed in seeds:
         bleu_per_seed[seed], loss_per_seed[seed] = {}, {}
         for name in complete:
             run = outputs[name, seed]
             label = name if len(seeds) == 1 else f"{name} (seed {seed})"
-            bleu_per_seed[seed][name] = score(args, raw, run, label, column_failures)
-            loss_per_seed[seed][name], losses = losses_of(args, data_bin, raw, run, label)
+            bleu_per_seed[seed][name] = score(args, raw, run, lengths, label, column_failures)
+            loss_per_seed[seed][name], losses = losses_of(args, data_bin, run, lengths, label)
             sentence_losses.setdefault(name, []).extend(losses)
     results, loss_results = combine(bleu_per_seed), combine(loss_per_seed)
     spread = describe_seeds(seeds, args.bootstrap)

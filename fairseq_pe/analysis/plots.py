@@ -7,14 +7,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from fairseq_pe.bucket_bleu import pyplot
 
 
 def _save(plt, fig, path: str, title: str = ""):
@@ -49,7 +42,7 @@ def heatmap_grid(panels: Sequence[Tuple[str, torch.Tensor]], path: str, title: s
                  ylabel: str = "position x"):
     """One heatmap per (title, matrix), each with its own colour bar (brighter = larger; the colour
     scale spans the 1st to 99th percentile of the matrix)."""
-    plt = _pyplot()
+    plt = pyplot()
     n = len(panels)
     cols = min(columns, n)
     rows = math.ceil(n / cols)
@@ -85,7 +78,7 @@ def offset_profile(matrix: torch.Tensor, max_offset: int) -> Tuple[List[int], Li
 
 def profile_plot(curves: Sequence[Tuple[str, torch.Tensor]], path: str, max_offset: int, title: str = ""):
     """φ(x, x+m) against the offset m, averaged over x, one panel per matrix (Fig. 6 style)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 3.2), squeeze=False)
     for ax, (name, matrix) in zip(axes.flat, curves):
         offsets, values = offset_profile(matrix, max_offset)
@@ -100,7 +93,7 @@ def profile_plot(curves: Sequence[Tuple[str, torch.Tensor]], path: str, max_offs
 
 def frequency_plot(entries: Sequence[dict], path: str):
     """Learned against initial frequencies (log scale) and the ψ(m) curves they give."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.4))
     for i, e in enumerate(entries):  # each set against its own initial values (D differs: model or head)
         colour = f"C{i % 10}"
@@ -127,7 +120,7 @@ def frequency_plot(entries: Sequence[dict], path: str):
 
 def probe_plot(curves: Sequence[Tuple[str, List[int], List[float]]], path: str):
     """Absolute error of the regression probe at each held-out (odd) position."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
     for name, positions, errors in curves:
         ax.plot(positions, errors, label=name, linewidth=1)
@@ -147,7 +140,7 @@ def norm_plot(norms: Sequence[Tuple[str, List[float]]], logit_max: List[float], 
     """Two panels against position, log scale: ‖p_i‖ of each block's absolute vectors (none: the panel
     says so), and the largest |identical-word logit| among positions 0..i; the trained length is a
     dashed line when known."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for name, values in norms:
         ax1.plot(range(len(values)), values, label=name, linewidth=1)
