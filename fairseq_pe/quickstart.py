@@ -74,7 +74,15 @@ DEFAULT_SYSTEMS = {
     "t5": ["--pe-absolute", "none", "--pe-relative", "t5"],
     "floater": ["--pe-absolute", "floater", "--pe-all-blocks"],
     "floater-bias": ["--pe-absolute", "sinusoidal", "--pe-floater-bias"],
+    # FLOATER's own procedure (§4.4, Table 2, Fig. 2): the sinusoidal model, converted (h ≡ 0, exact) and
+    # fine-tuned with the ODE biases; these are the fine-tuning flags, WARM_STARTED says the rest
+    "floater-warm": ["--pe-absolute", "sinusoidal", "--pe-floater-bias"],
 }
+
+#: systems trained in two stages: name -> (the first stage's flags, its share of --max-update).  The first
+#: stage's last checkpoint is converted by ``fairseq-pe-warm-start-floater`` and fine-tuned with the system's
+#: flags for the rest of --max-update (a fresh optimizer, warm-up included): the same total budget
+WARM_STARTED = {"floater-warm": (["--pe-absolute", "sinusoidal"], 0.5)}
 
 #: more systems known by name (not run by default)
 NAMED_SYSTEMS = {
@@ -323,12 +331,29 @@ def extra_config(args) -> List[dict]:
     return [{"name": name, "source_sha1": file_digest(src)} for name, src, _ in args.extra_test]
 
 
-def system_config(args, flags: List[str], seed: int) -> dict:
+def system_config(args, flags: List[str], seed: int, name: str = "") -> dict:
     """The options a system's checkpoint and translations depend on (its data's included)."""
-    return json.loads(json.dumps({
+    config = {
         "flags": list(flags), "arch": args.arch, "train_flags": args.train_flags, "max_update": args.max_update,
         "max_tokens": args.max_tokens, "lr": args.lr, "warmup": args.warmup, "seed": seed, "beam": args.beam,
-        "lenpen": args.lenpen, "data": data_config(args)}))
+        "lenpen": args.lenpen, "data": data_config(args)}
+    if "--pe-floater-bias" in flags or "floater" in flags:
+        # FLOATER's defaults changed (bounded h, Δt 0.1, the official initialisation): a run made with the
+        # earlier ones is another model
+        from fairseq_pe.positional.floater import BOUND_DEFAULTS, FLOATER_DEFAULTS
+
+        config["floater_defaults"] = {"pe_floater_init": FLOATER_DEFAULTS["pe_floater_init"],
+                                      "pe_floater_dt": FLOATER_DEFAULTS["pe_floater_dt"],
+                                      "pe_floater_bound": BOUND_DEFAULTS}
+    if name in WARM_STARTED:
+        base, share = WARM_STARTED[name]
+        config["warm_start"] = {"flags": list(base), "updates": warm_start_updates(args.max_update, share)}
+    return json.loads(json.dumps(config))
+
+
+def warm_start_updates(max_update: int, share: float) -> int:
+    """Updates of a warm-started system's first stage (at least one, and one left for the second)."""
+    return min(max(1, round(max_update * share)), max_update - 1)
 
 
 def _read_json(path: str) -> Optional[dict]:
@@ -390,7 +415,7 @@ def check_workdir(args, systems: Sequence[Tuple[str, List[str]]]) -> dict:
         results = os.path.isdir(folder) and any(f == "train.done" or f.startswith("generate-")
                                                  for f in os.listdir(folder))
         if record is not None and results:
-            have_cfg, want_cfg = dict(record.get("config", {})), system_config(args, flags, seed)
+            have_cfg, want_cfg = dict(record.get("config", {})), system_config(args, flags, seed, name)
             if _renamed_data_seed(have_cfg.pop("data", None) or {}) != want_cfg.pop("data"):
                 problems.append(f"system {name} (seed {seed}): trained on other data")
             problems += [f"system {name} (seed {seed}): {d}" for d in _differences(have_cfg, want_cfg)]
@@ -509,6 +534,7 @@ def train_and_decode(args, data_bin: str, name: str, flags: List[str], seed: int
     than the model's positions are skipped and named, never silently.  A failed decoding marks its
     subset (``SystemRun.errors``) and the other subsets go on; a failed training raises."""
     out = system_dir(args, name, seed)
+    system = name
     name = name if len(args.seeds) == 1 else f"{name} (seed {seed})"  # in the log
     os.makedirs(out, exist_ok=True)
     # unbuffered: fairseq logs to stdout, which a pipe would otherwise hold back until the end
@@ -530,7 +556,7 @@ def train_and_decode(args, data_bin: str, name: str, flags: List[str], seed: int
         write_json(record_path, record)
 
     if trained and "source_positions" not in record:  # a work dir of an earlier version: adopted as it is
-        record.setdefault("config", system_config(args, flags, seed))
+        record.setdefault("config", system_config(args, flags, seed, system))
         remember_limit()
     limit = record.get("source_positions")  # unknown (no checkpoint kept): the outputs have every sentence
     skipped = too_long(limit)
@@ -540,7 +566,7 @@ def train_and_decode(args, data_bin: str, name: str, flags: List[str], seed: int
         # start from scratch: fairseq-train would otherwise resume from a stale checkpoint_last.pt
         shutil.rmtree(out)
         os.makedirs(out)
-        record = {"config": system_config(args, flags, seed)}
+        record = {"config": system_config(args, flags, seed, system)}
         write_json(record_path, record)
         last_report = [0.0]
 
@@ -552,20 +578,41 @@ def train_and_decode(args, data_bin: str, name: str, flags: List[str], seed: int
                 last_report[0] = time.time()
                 log(f"{name}: update {m.group(1)}/{args.max_update}" + (f", loss {loss.group(1)}" if loss else ""))
 
-        log(f"{name}: training ({' '.join(flags)})")
         t0 = time.time()
-        run(["fairseq-train", data_bin, "--user-dir", PLUGIN_DIR, "--task", "translation",
-             "--source-lang", args.source_lang, "--target-lang", args.target_lang,
-             "--arch", args.arch, *flags, *args.train_flags.split(),
-             "--share-all-embeddings", "--dropout", "0.1",
-             "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0",
-             "--lr", str(args.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup),
-             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-             "--max-tokens", str(args.max_tokens), "--max-update", str(args.max_update),
-             "--save-dir", out, "--no-epoch-checkpoints", "--save-interval-updates", "0",
-             "--log-format", "simple", "--log-interval", str(min(50, max(1, args.max_update // 10))), "--seed", str(seed), "--cpu",
-             "--num-workers", "0"],
-            os.path.join(out, "train.log"), env=env, on_line=progress)
+
+        def train(flags_, save_dir, max_update, log_path, extra=()):
+            run(["fairseq-train", data_bin, "--user-dir", PLUGIN_DIR, "--task", "translation",
+                 "--source-lang", args.source_lang, "--target-lang", args.target_lang,
+                 "--arch", args.arch, *flags_, *args.train_flags.split(),
+                 "--share-all-embeddings", "--dropout", "0.1",
+                 "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0",
+                 "--lr", str(args.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup),
+                 "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+                 "--max-tokens", str(args.max_tokens), "--max-update", str(max_update),
+                 "--save-dir", save_dir, "--no-epoch-checkpoints", "--save-interval-updates", "0",
+                 "--log-format", "simple", "--log-interval", str(min(50, max(1, args.max_update // 10))),
+                 "--seed", str(seed), "--cpu", "--num-workers", "0", *extra],
+                log_path, env=env, on_line=progress)
+
+        if system in WARM_STARTED:
+            base, share = WARM_STARTED[system]
+            first = warm_start_updates(args.max_update, share)
+            stage = os.path.join(out, "stage1")
+            log(f"{name}: training {first} updates ({' '.join(base)}), then converting it for FLOATER")
+            train(base, stage, first, os.path.join(stage + ".log"))
+            converted = os.path.join(out, "warm-start.pt")
+            run(["fairseq-pe-warm-start-floater", os.path.join(stage, "checkpoint_last.pt"), converted],
+                os.path.join(out, "warm-start.log"), env=env)
+            # the converted checkpoint has no optimizer state: fairseq-train starts a fresh Adam (and counts
+            # updates, the warm-up included, from 0), for the rest of the budget
+            log(f"{name}: warm-started; fine-tuning {args.max_update - first} updates ({' '.join(flags)})")
+            train(flags, out, args.max_update - first, os.path.join(out, "train.log"),
+                  ["--restore-file", converted, "--reset-optimizer"])
+            shutil.rmtree(stage)  # its checkpoints served the conversion (its log stays: stage1.log)
+            os.remove(converted)
+        else:
+            log(f"{name}: training ({' '.join(flags)})")
+            train(flags, out, args.max_update, os.path.join(out, "train.log"))
         write_text(os.path.join(out, "train.done"), f"{time.time() - t0:.1f}\n")
         log(f"{name}: trained in {time.time() - t0:.0f}s")
         remember_limit()

@@ -145,6 +145,7 @@ def convert_state_dict(old_state: dict, new_model, padding_idx: int, stock: bool
     floater = {id(p) for p in new_model.floater.floater_parameters()}
     names = {id(p): n for n, p in new_model.named_parameters()}
     allowed_missing = {names[i] for i in floater if i in names}
+    allowed_missing |= {"floater." + n for n, _ in new_model.floater.named_buffers()}  # its bound's record
     missing = sorted(new_keys - set(mapped) - allowed_missing)
     missing = [k for k in missing if not k.endswith(("_dtype_probe", "omega"))]
     if missing:

@@ -63,7 +63,7 @@ def test_command_writes_every_file(checkpoints, tmp_path):
     assert re.search(r"^\| lsin \| --pe-absolute learnable-sinusoidal --pe-relative learnable-sinusoidal \|", table, re.M)
     assert re.search(r"^\| stock \| learned APE \(stock fairseq\) \|", table, re.M)
     assert {p.name for p in out.iterdir()} == {"lsin", "stock", "properties.md", "properties.json", "report.md",
-                                              "identical-word.png", "absolute.png"}
+                                              "identical-word.png", "absolute.png", "norms.png"}
     assert {p.name for p in (out / "lsin").iterdir()} == PER_CHECKPOINT | {"relative.png", "frequencies.png"}
     assert {p.name for p in (out / "stock").iterdir()} == PER_CHECKPOINT
     # every picture is a real PNG, and every picture a report embeds exists
@@ -263,3 +263,12 @@ def test_largest_logit_up_to_each_position_by_hand():
 
     m = torch.tensor([[1.0, -5.0, 2.0], [0.0, 3.0, float("nan")], [7.0, 0.0, 1.0]])
     assert max_abs_up_to(m) == [1.0, 5.0, 7.0]  # the squares [0..i] x [0..i]; NaN (a decoder's future) skipped
+
+
+def test_largest_norm_over_blocks_and_floater_biases_by_hand():
+    from fairseq_pe.analysis.report import largest_norms
+
+    scores = {"absolute": {"1": {"norms": [1.0, 5.0, 2.0]}, "2": {"norms": [3.0, 1.0, 1.0]}},
+              "floater_bias": {"1": {"q": [0.0, 0.0, 7.0], "k": [0.5, 0.5, 0.5], "v": [2.5, 0.0, 0.0]}}}
+    assert largest_norms(scores) == [3.0, 5.0, 7.0]
+    assert largest_norms({"absolute": None, "floater_bias": None}) == []

@@ -6,7 +6,7 @@ import torch
 from helpers import build_model
 
 from fairseq_pe.analysis.properties import property_scores, proximity
-from fairseq_pe.analysis.vectors import absolute_vectors, identical_word_logits, relative_vectors
+from fairseq_pe.analysis.vectors import absolute_vectors, floater_bias_vectors, identical_word_logits, relative_vectors
 
 
 def scores(flags, length=24):
@@ -127,3 +127,18 @@ def test_floater_biases_reach_the_identical_word_logits(side):
         model.floater.zero_dynamics()  # h ≡ 0: every position gets its initial value as bias
     without = identical_word_logits(model, d.nspecial + 1, 16, side)
     assert (with_dynamics - without).nan_to_num().abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_floater_bias_vectors_are_the_flows_q_k_v_biases_of_every_block(side):
+    model, _ = build_model("--pe-absolute", "sinusoidal", "--pe-floater-bias")
+    client = getattr(model, side).embed_positions.self_bias
+    with torch.no_grad():
+        client.initial.normal_()  # every block, q/k/v its own starting point
+        biases = floater_bias_vectors(model, 30, side)
+        client.begin_forward(30)
+        for block in (1, 2):
+            for index in range(3):
+                torch.testing.assert_close(biases[block][:, index].float(), client.table(30, block, index))
+    assert sorted(biases) == [1, 2] and biases[1].shape == (30, 3, 64)
+    assert floater_bias_vectors(build_model("--pe-absolute", "floater")[0], 30, side) == {}

@@ -53,6 +53,10 @@ def test_zero_dynamics_and_initial_values_give_the_base_model_exactly():
     missing, unexpected = floater.load_state_dict(base.state_dict(), strict=False)
     assert not unexpected and missing and all("floater" in k or "_bias.initial" in k for k in missing)
     src, lengths, prev = batch(d)
+    with torch.no_grad():  # trained-looking biases (they start at 0, and h near 0 under the official init)
+        for name, p in floater.named_parameters():
+            if name.endswith("_bias.initial"):
+                p.normal_(std=0.5)
     assert (log_probs(floater, src, lengths, prev) - log_probs(base, src, lengths, prev)).abs().max() > 1e-3
     floater.floater.zero_dynamics()
     with torch.no_grad():
@@ -79,10 +83,12 @@ def test_per_block_positions_differ_and_share_the_dynamics():
 
 def test_rk4_and_dopri5_agree_on_a_smooth_field():
     with torch.no_grad():
-        rk4_flow, c1 = standalone_flow(seed=3)
+        # the paper's unbounded h with nn.Linear's initialisation and the official Δt: a field that moves
+        old = dict(pe_floater_dt=0.01, pe_floater_bound=0, pe_floater_init="linear")
+        rk4_flow, c1 = standalone_flow(seed=3, **old)
         dopri_flow, c2 = standalone_flow(seed=3, pe_floater_solver="dopri5", pe_floater_rtol=1e-7,
-                                         pe_floater_atol=1e-9)
-        fine_flow, c3 = standalone_flow(seed=3, pe_floater_step_size=0.002)
+                                         pe_floater_atol=1e-9, **old)
+        fine_flow, c3 = standalone_flow(seed=3, pe_floater_step_size=0.002, **old)
         a, b, c = (f.eval().states(cl, 300) for f, cl in ((rk4_flow, c1), (dopri_flow, c2), (fine_flow, c3)))
     assert (a[-1] - a[0]).abs().max() > 0.5  # the states really move
     torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
@@ -153,8 +159,11 @@ def test_positions_extrapolate_to_four_times_the_training_length(dynamics):
         states = model.floater.states(model.encoder.embed_positions.absolute, 4 * train_len)[:, 0]
     assert torch.isfinite(out).all() and torch.isfinite(states).all()
     steps = (states[1:] - states[:-1]).norm(dim=-1)
-    # continuous: no jump beyond the training length larger than the largest step within it
-    assert steps[train_len:].max() <= 2 * steps[:train_len].max()
+    if dynamics == "ode":  # h is bounded by B per coordinate: no step longer than B·Δt·√D at any length
+        flow = model.floater
+        assert steps.max() <= flow.bound * flow.dt * 64 ** 0.5 + 1e-5
+    else:  # continuous: no jump beyond the training length larger than the largest step within it
+        assert steps[train_len:].max() <= 2 * steps[:train_len].max()
     assert model.max_positions() == (model.encoder.max_positions(), model.decoder.max_positions())
     assert model.encoder.max_positions() >= 1 << 40  # no maximum length
 
@@ -173,7 +182,7 @@ def test_state_dict_reload_gives_identical_outputs():
 
 
 def test_non_finite_state_raises_a_clear_error():
-    model, d = build_model("--pe-floater-bias")
+    model, d = build_model("--pe-floater-bias", "--pe-floater-bound", "0")  # (a bounded h stays finite)
     with torch.no_grad():
         model.floater.dynamics.w2.fill_(1e30)
         model.floater.dynamics.w1.fill_(1e30)
@@ -218,7 +227,11 @@ def test_freezing_and_learning_rate_scale():
 
 
 @pytest.mark.parametrize("flags,message", [
-    (("--pe-floater-dt", "0.1"), "need --pe-absolute floater or --pe-floater-bias"),
+    (("--pe-floater-dt", "0.05"), "need --pe-absolute floater or --pe-floater-bias"),
+    (("--pe-floater-bound", "2"), "need --pe-absolute floater or --pe-floater-bias"),
+    (("--pe-floater-bias", "--pe-floater-bound", "-1"), "must be positive"),
+    (("--pe-floater-bias", "--pe-floater-dynamics", "gru", "--pe-floater-bound", "2"), "ode only"),
+    (("--pe-floater-bias", "--pe-floater-dynamics", "lstm", "--pe-floater-init", "linear"), "ode only"),
     (("--pe-floater-bias", "--pe-floater-step-size", "0.003"), "must divide --pe-floater-dt"),
     (("--pe-floater-bias", "--pe-floater-solver", "dopri5", "--pe-floater-step-size", "0.002"), "not to dopri5"),
     (("--pe-floater-bias", "--pe-floater-rnn-layers", "2"), "rnn/gru/lstm only"),
@@ -235,8 +248,13 @@ def test_floater_flags_reach_the_model_defaults_documented():
     model, _ = build_model("--pe-floater-bias")
     flow = model.floater
     assert (flow.dt, flow.solver, flow.substeps, flow.adjoint, flow.refresh_updates, flow.hidden_dim) == \
-        (0.01, "rk4", 1, False, 1, 64)
+        (0.1, "rk4", 1, False, 1, 64)
     assert flow.kind == "ode" and flow.append_time and flow.lr_scale == 1.0
+    assert (flow.bound, flow.init, flow.init_gain) == (0.1, "xavier", 1.0)  # the bias form's bound
+    absolute, _ = build_model("--pe-absolute", "floater")
+    assert absolute.floater.bound == 1.0
+    both, _ = build_model("--pe-absolute", "floater", "--pe-floater-bias")
+    assert both.floater.bound == 0.1
 
 
 def test_long_solves_keep_no_graph_and_give_the_same_gradients(monkeypatch):

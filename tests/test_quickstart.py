@@ -36,8 +36,15 @@ def test_synthetic(tmp_path):
     work = str(tmp_path / "qs")
     out = cli("fairseq-pe-quickstart", "--workdir", work, "--train-size", "400", "--test-per-bucket", "6",
               "--buckets", "1,9,17", "--systems", "ape-learned", "sin-all=--pe-absolute sinusoidal --pe-all-blocks",
-              "floater", *SMALL)
-    check_results(work, ["ape-learned", "sin-all", "floater"], ["[1,9)", "[9,17)"], [6, 6])
+              "floater", "floater-warm", *SMALL)
+    check_results(work, ["ape-learned", "sin-all", "floater", "floater-warm"], ["[1,9)", "[9,17)"], [6, 6])
+    # FLOATER's own procedure: 8 sinusoidal updates, the exact conversion, 7 updates of fine-tuning
+    warm = os.path.join(work, "systems", "floater-warm", "seed-1")
+    assert "num_updates 8" in open(os.path.join(warm, "stage1.log")).read()
+    assert "max |log p(original) - log p(FLOATER)|" in open(os.path.join(warm, "warm-start.log")).read()
+    train_log = open(os.path.join(warm, "train.log")).read()
+    assert re.search(r"Loaded checkpoint \S*warm-start\.pt", train_log) and "num_updates 7" in train_log
+    assert not os.path.exists(os.path.join(warm, "stage1")) and not os.path.exists(os.path.join(warm, "warm-start.pt"))
     assert "update 15/15" in out.stdout  # progress was shown
     assert "[9,17) (n=6)" in out.stdout
     # one seed: it says so, and every BLEU has sacreBLEU's bootstrap interval

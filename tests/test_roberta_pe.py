@@ -90,7 +90,8 @@ def test_bert_initialisation_keeps_each_encodings_own():
     assert table.shape == (1, 64, 128) and abs(float(table.std()) - 0.02) < 0.003  # BERT's learned positions
     model, _ = build("--pe-absolute", "floater", "--pe-all-blocks")
     w1 = model.floater.dynamics.w1
-    assert float(w1.abs().max()) <= w1.size(1) ** -0.5 + 1e-6 and float(w1.std()) > 0.04  # nn.Linear's U(±1/√fan_in)
+    xavier = (2.0 / (w1.size(1) + w1.size(2))) ** 0.5  # the official code's Xavier-normal, not BERT's N(0, 0.02)
+    assert abs(float(w1.std()) - xavier) < 0.1 * xavier and float(model.floater.dynamics.b1.abs().max()) == 0
 
 
 def test_learned_table_continues_at_a_longer_length_and_is_never_cut():

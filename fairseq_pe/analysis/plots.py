@@ -148,8 +148,8 @@ def norm_plot(norms: Sequence[Tuple[str, List[float]]], logit_max: List[float], 
         ax1.set_yscale("log")
         ax1.legend(fontsize=7, ncol=2)
     else:
-        ax1.text(0.5, 0.5, "no absolute position vectors", ha="center", va="center", transform=ax1.transAxes)
-    ax1.set_title("‖p_i‖ of the absolute position vectors", fontsize=9)
+        ax1.text(0.5, 0.5, "no absolute position vectors or FLOATER biases", ha="center", va="center", transform=ax1.transAxes)
+    ax1.set_title("‖p_i‖ of the absolute position vectors (FLOATER: and Q/K/V biases)", fontsize=9)
     ax2.plot(range(len(logit_max)), logit_max, color="black", linewidth=1)
     ax2.set_yscale("log")
     ax2.set_title("largest |identical-word logit| among positions 0..i (first layer)", fontsize=9)
@@ -161,4 +161,27 @@ def norm_plot(norms: Sequence[Tuple[str, List[float]]], logit_max: List[float], 
                        label=f"trained length ({trained_length})")
     if trained_length:
         ax2.legend(fontsize=7)
+    _save(plt, fig, path, title)
+
+
+def norm_comparison_plot(curves: Sequence[Tuple[str, List[float], List[float]]], path: str,
+                         trained_length: Optional[int] = None, title: str = ""):
+    """One line per checkpoint, log scale, against position: the largest ‖state‖ over its blocks (absolute
+    vectors, FLOATER biases), and the largest |identical-word logit| among positions 0..i."""
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, norms, logits in curves:
+        if norms:
+            ax1.plot(range(len(norms)), norms, label=name, linewidth=1)
+        ax2.plot(range(len(logits)), logits, label=name, linewidth=1)
+    ax1.set_title("largest ‖p_i‖ over blocks (absolute vectors, FLOATER biases)", fontsize=9)
+    ax2.set_title("largest |identical-word logit| among positions 0..i (first layer)", fontsize=9)
+    for ax in (ax1, ax2):
+        ax.set_yscale("log")
+        ax.set_xlabel("position i")
+        ax.grid(alpha=0.3)
+        if trained_length:
+            ax.axvline(trained_length - 0.5, color="grey", linestyle="--", linewidth=0.8,
+                       label=f"trained length ({trained_length})")
+        ax.legend(fontsize=7)
     _save(plt, fig, path, title)

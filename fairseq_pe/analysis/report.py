@@ -26,7 +26,8 @@ from .checkpoint import LoadedCheckpoint
 from .frequencies import fixed_psi_window, learned_frequencies
 from .probes import regression_probe
 from .properties import direction_asymmetry, property_scores, proximity
-from .vectors import SIDES, absolute_vectors, averaged_identical_word_logits, relative_vectors, side_of
+from .vectors import (SIDES, absolute_vectors, averaged_identical_word_logits, floater_bias_vectors, relative_vectors,
+                      side_of)
 
 logger = logging.getLogger("fairseq_pe.analysis")
 
@@ -42,7 +43,8 @@ class AnalysisError(UserError):
 #: every file :func:`write_checkpoint` may write into OUT/NAME/, and :func:`write_comparison` into OUT/
 CHECKPOINT_FILES = ("report.md", "scores.json", "matrices.npz", "absolute.png", "relative.png",
                     "identical-word.png", "profiles.png", "frequencies.png", "probe.png", "norms.png")
-COMPARISON_FILES = ("properties.json", "properties.md", "identical-word.png", "absolute.png", "report.md")
+COMPARISON_FILES = ("properties.json", "properties.md", "identical-word.png", "absolute.png", "norms.png",
+                    "report.md")
 
 
 @dataclass
@@ -169,6 +171,11 @@ def analyze(checkpoint: LoadedCheckpoint, name: str, options: AnalysisOptions = 
     else:
         scores["absolute"] = None
         scores["probe_length"] = None
+
+    # FLOATER's Q/K/V biases (their size against position: bounded or not past the trained length)
+    biases = floater_bias_vectors(model, length, side)
+    scores["floater_bias"] = {str(b): {kind: [round(float(x), 6) for x in v[:, i].norm(dim=-1)]
+                                       for i, kind in enumerate("qkv")} for b, v in biases.items()} or None
 
     # relative vectors a^K (and a^V when they differ): dot products over distances -K..K; a decoder
     # only looks back, so there only -K..0 (the vectors of keys after the query are never used)
@@ -302,6 +309,8 @@ def write_checkpoint(a: Analysis, out_dir: str) -> Dict[str, str]:
     if s["frequencies"]:
         draw(plots.frequency_plot, s["frequencies"], path=picture("frequencies", "frequencies.png"))
     norms = [(f"block {b}", e["norms"]) for b, e in sorted((s["absolute"] or {}).items(), key=lambda x: int(x[0]))]
+    norms += [(f"block {b} bias {kind}", e[kind]) for b, e in
+              sorted((s.get("floater_bias") or {}).items(), key=lambda x: int(x[0])) for kind in "qkv"]
     draw(plots.norm_plot, norms, s["identical_word"]["max_abs_up_to"], path=picture("norms", "norms.png"),
          trained_length=s["trained_length"], title=a.name)
 
@@ -346,7 +355,7 @@ def checkpoint_markdown(a: Analysis, pictures: Dict[str, str]) -> str:
               f"![identical-word]({pictures['identical_word']})", "",
               "## Offset profiles", "", f"![profiles]({pictures['profiles']})",
               "", "## Size against position (past the training length, if marked)", "",
-              "‖p_i‖ of the absolute vectors of each block, and the largest |identical-word logit| among "
+              "‖p_i‖ of the absolute vectors of each block (and of FLOATER's Q/K/V biases b_{q,k,v,i}), and the largest |identical-word logit| among "
               "positions 0..i (first layer, mean of heads): an encoding that extrapolates keeps both bounded "
               "past the trained length.", "", f"![norms]({pictures['norms']})"]
     if s["frequencies"]:
@@ -430,6 +439,14 @@ def summary_markdown(analyses: Sequence[Analysis]) -> str:
     return "\n".join(out) + "\n"
 
 
+def largest_norms(scores: dict) -> List[float]:
+    """The largest ‖state‖ at each position over a checkpoint's blocks: absolute vectors and FLOATER's
+    Q/K/V biases (empty without either)."""
+    curves = [e["norms"] for e in (scores.get("absolute") or {}).values()]
+    curves += [e[kind] for e in (scores.get("floater_bias") or {}).values() for kind in "qkv"]
+    return [max(values) for values in zip(*curves)] if curves else []
+
+
 def write_comparison(analyses: Sequence[Analysis], out_dir: str) -> List[str]:
     """properties.json/.md, the comparison pictures and report.md of ``out_dir``; returns the files."""
     os.makedirs(out_dir, exist_ok=True)
@@ -451,9 +468,16 @@ def write_comparison(analyses: Sequence[Analysis], out_dir: str) -> List[str]:
         written.append("absolute.png")
     elif os.path.isfile(os.path.join(out_dir, "absolute.png")):  # an earlier run's, of other checkpoints
         os.remove(os.path.join(out_dir, "absolute.png"))
+    curves = [(a.name, largest_norms(a.scores), a.scores["identical_word"]["max_abs_up_to"]) for a in analyses]
+    lengths = {a.scores["trained_length"] for a in analyses}
+    with atomic_path(os.path.join(out_dir, "norms.png")) as tmp:
+        plots.norm_comparison_plot(curves, tmp, trained_length=lengths.pop() if len(lengths) == 1 else None,
+                                   title="size against position")
+    written.append("norms.png")
     lines = ["# Position analysis", "", table, "![identical-word](identical-word.png)", ""]
     if with_abs:
         lines += ["![absolute](absolute.png)", ""]
+    lines += ["![norms](norms.png)", ""]
     lines += ["Per checkpoint: " + ", ".join(f"[{a.name}]({a.name}/report.md)" for a in analyses), ""]
     write_text(os.path.join(out_dir, "report.md"), "\n".join(lines))
     written.append("report.md")

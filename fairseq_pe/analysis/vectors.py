@@ -48,6 +48,20 @@ def absolute_vectors(model, length: int, side: str = "encoder") -> Dict[int, tor
         return {1: injector(tokens)[0].detach().double().clone()}
 
 
+def floater_bias_vectors(model, length: int, side: str = "encoder") -> Dict[int, torch.Tensor]:
+    """Block -> (length, 3, D) FLOATER self-attention biases b_{q,k,v,i} of ``side`` (§3.3, Eq. 13);
+    empty without ``--pe-floater-bias``."""
+    injector = side_of(model, side).embed_positions
+    client = getattr(injector, "self_bias", None)
+    if client is None:
+        return {}
+    flow = flow_of(injector)
+    with torch.no_grad(), floater_pass(flow, length):
+        states = flow.states(client, length).detach().double()  # (length, blocks·3, D)
+    states = states.reshape(length, client.num_blocks, -1, states.size(-1))
+    return {b + 1: states[:, b].clone() for b in range(client.num_blocks)}
+
+
 def relative_vectors(model, side: str = "encoder") -> Dict[int, Tuple[torch.Tensor, torch.Tensor]]:
     """Block -> (a^K, a^V) of a vector-valued relative encoding, each (2K+1, d) or (H, 2K+1, d), index
     r + K for the distance r = j - i; block 1 only when the blocks share them (the default); empty

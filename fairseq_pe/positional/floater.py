@@ -27,6 +27,7 @@ in :mod:`.floater_recurrent` and plug into the same flow.
 """
 
 import contextlib
+import logging
 from typing import Dict, List, Optional
 
 import torch
@@ -37,6 +38,8 @@ from torch.utils.checkpoint import checkpoint
 from fairseq_pe.errors import UserError
 
 from .base import AbsolutePositionEncoding, Float32State, option, register_position_encoding
+
+logger = logging.getLogger(__name__)
 
 SOLVERS = ("rk4", "dopri5", "euler", "midpoint")
 #: solves of at least this many position-state elements (positions × initial values × D) keep no graph
@@ -55,7 +58,16 @@ class FloaterDynamics(nn.Module):
 
     Group g (e.g. encoder, decoder, cross-attention) has its own θ_g, shared by all its
     blocks (Eq. 10).  The groups' weights are stacked, (G, in, out), so one batched matmul
-    evaluates every group: the state is (G, n, D).  Initialised as ``nn.Linear`` is.
+    evaluates every group: the state is (G, n, D).
+
+    Initialisation (``init``): ``xavier`` (the official code's: Xavier-normal weights, zero biases) or
+    ``linear`` (``nn.Linear``'s U(±1/√fan_in) for weights and biases; this module's before version 2);
+    ``gain`` multiplies the initial weights (§4.4: "initialise h with smaller weights").
+
+    ``bound`` B > 0 bounds the output: h = B·tanh(h̃/B) with h̃ the network above, so that
+    |dp_d/dt| ≤ B and ‖p(t) − p(0)‖ ≤ B·√D·t: the positions can grow at most linearly in t past
+    the training lengths, never exponentially.  For |h̃| ≪ B it is h̃; h̃ ≡ 0 still gives h ≡ 0
+    (the warm start).  0: unbounded (the paper's h).
 
     ``lr_scale`` s stores θ/s and uses s·(stored value): for optimizers whose update does not
     depend on the gradient's scale (Adam, Adagrad, RMSprop) this multiplies θ's learning rate
@@ -63,9 +75,14 @@ class FloaterDynamics(nn.Module):
     is the same for every s.
     """
 
-    def __init__(self, groups: int, dim: int, hidden: int, append_time: bool = True, lr_scale: float = 1.0):
+    def __init__(self, groups: int, dim: int, hidden: int, append_time: bool = True, lr_scale: float = 1.0,
+                 init: str = "xavier", gain: float = 1.0, bound: float = 0.0):
         super().__init__()
         self.dim, self.hidden, self.append_time, self.lr_scale = dim, hidden, append_time, lr_scale
+        self.bound = float(bound)
+        # a record of the bound in the state dict: a checkpoint saved before the bound existed has none, and
+        # was trained unbounded (see _load_from_state_dict)
+        self.register_buffer("bound_record", torch.tensor(self.bound), persistent=True)
         extra = 1 if append_time else 0
         self.w1 = nn.Parameter(torch.empty(groups, dim + extra, hidden))
         self.b1 = nn.Parameter(torch.empty(groups, 1, hidden))
@@ -73,9 +90,33 @@ class FloaterDynamics(nn.Module):
         self.b2 = nn.Parameter(torch.empty(groups, 1, dim))
         with torch.no_grad():
             for w, b in ((self.w1, self.b1), (self.w2, self.b2)):
-                bound = 1.0 / w.size(1) ** 0.5  # nn.Linear's default: U(±1/sqrt(fan_in))
-                w.uniform_(-bound, bound).div_(lr_scale)
-                b.uniform_(-bound, bound).div_(lr_scale)
+                fan_in, fan_out = w.size(1), w.size(2)
+                if init == "xavier":  # nn.init.xavier_normal_ of each group's (fan_out × fan_in) matrix
+                    w.normal_(0.0, (2.0 / (fan_in + fan_out)) ** 0.5)
+                    b.zero_()
+                elif init == "linear":  # nn.Linear's default: U(±1/sqrt(fan_in))
+                    bound_ = 1.0 / fan_in ** 0.5
+                    w.uniform_(-bound_, bound_)
+                    b.uniform_(-bound_, bound_)
+                else:
+                    raise ValueError(f"--pe-floater-init: unknown initialisation {init!r}")
+                w.mul_(gain).div_(lr_scale)
+                b.div_(lr_scale)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        key = prefix + "bound_record"
+        if key not in state_dict:
+            if prefix + "w1" in state_dict and self.bound != 0:
+                # trained before --pe-floater-bound existed: h was unbounded, and stays so
+                logger.info(f"{prefix}: a checkpoint from before --pe-floater-bound; its dynamics stay unbounded, "
+                            f"as trained (not --pe-floater-bound {self.bound:g})")
+                self.bound = 0.0
+            state_dict[key] = torch.tensor(self.bound)
+        else:  # the model's own option wins (the checkpoint's, unless overridden): record it
+            state_dict[key] = torch.tensor(self.bound)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     def zero_output(self):
         """Make h ≡ 0 (the last layer's weights and bias zero); used by the warm start."""
@@ -97,7 +138,7 @@ class _StackedField(nn.Module):
     def __init__(self, dynamics: FloaterDynamics):
         super().__init__()
         self.append_time = dynamics.append_time
-        self.dim, self.hidden = dynamics.dim, dynamics.hidden
+        self.dim, self.hidden, self.bound = dynamics.dim, dynamics.hidden, dynamics.bound
         self.params = dynamics.prepared()
 
     def forward(self, t, y):
@@ -107,7 +148,10 @@ class _StackedField(nn.Module):
             w1 = w1[:, : self.dim]
             b2 = b2 + t * w2[:, self.hidden:]
             w2 = w2[:, : self.hidden]
-        return torch.baddbmm(b2, torch.relu(torch.baddbmm(b1, y, w1)), w2)
+        out = torch.baddbmm(b2, torch.relu(torch.baddbmm(b1, y, w1)), w2)
+        if self.bound > 0:
+            out = self.bound * torch.tanh(out / self.bound)
+        return out
 
 
 def _refined_grid(k: int):
@@ -134,7 +178,9 @@ def add_floater_args(group):
                        help="what generates the position sequence: the neural ODE (default), or the "
                             "recurrent baselines of FLOATER Table 6, p_{i+1} = RNN(z_i, p_i)")
     group.add_argument("--pe-floater-dt", type=float, metavar="DT",
-                       help="Δt: position i sits at time t_i = i·Δt (default 0.01, the official code's)")
+                       help="Δt: position i sits at time t_i = i·Δt. Default 0.1, so that training sentences of tens of "
+                            "tokens span t of order 1 (the official code's 0.01 suits WMT lengths of hundreds; "
+                            "README: FLOATER, bounded positions)")
     group.add_argument("--pe-floater-solver", choices=SOLVERS,
                        help="torchdiffeq method: rk4, euler, midpoint (fixed step) or dopri5 (adaptive). "
                             "Default rk4")
@@ -150,6 +196,17 @@ def add_floater_args(group):
                        help="width of h's hidden layer (default: the model dimension)")
     group.add_argument("--pe-floater-no-time", action="store_true",
                        help="do not append the time t to h's inputs (the paper and official code do)")
+    group.add_argument("--pe-floater-init", choices=["xavier", "linear"],
+                       help="initialisation of h's weights: xavier (the official code's: Xavier-normal weights, zero "
+                            "biases; the default) or linear (nn.Linear's uniform, this plugin's earlier default)")
+    group.add_argument("--pe-floater-init-gain", type=float, metavar="G",
+                       help="multiply h's initial weights by G (FLOATER §4.4: smaller weights start the positions close "
+                            "to their initial values, the model close to the Transformer it extends). Default 1")
+    group.add_argument("--pe-floater-bound", type=float, metavar="B",
+                       help="bound h's output: h = B·tanh(h̃/B), so the positions move at most B·Δt per coordinate and "
+                            "position, and grow at most linearly past the training lengths instead of exponentially. "
+                            "Default 1 for --pe-absolute floater, 0.1 with --pe-floater-bias (for both forms "
+                            "together); 0: unbounded, the paper's h (README: FLOATER, bounded positions)")
     group.add_argument("--pe-floater-refresh-updates", type=int, metavar="N",
                        help="solve the ODE with a gradient once every N updates and reuse the solution, "
                             "without gradient to the dynamics, in between (the official code: 400). "
@@ -171,7 +228,7 @@ def add_floater_args(group):
 
 FLOATER_DEFAULTS = {
     "pe_floater_dynamics": "ode",
-    "pe_floater_dt": 0.01,
+    "pe_floater_dt": 0.1,
     "pe_floater_solver": "rk4",
     "pe_floater_step_size": None,  # = dt
     "pe_floater_rtol": None,  # 1e-5 with dopri5
@@ -180,6 +237,9 @@ FLOATER_DEFAULTS = {
     "pe_floater_hidden_dim": None,  # = model dimension
     "pe_floater_no_time": False,
     "pe_floater_refresh_updates": 1,
+    "pe_floater_init": "xavier",
+    "pe_floater_init_gain": 1.0,
+    "pe_floater_bound": None,  # per form: BOUND_DEFAULTS
     "pe_floater_lr_scale": 1.0,
     "pe_floater_freeze_dynamics": False,
     "pe_floater_freeze_body": False,
@@ -193,10 +253,17 @@ def uses_floater(args) -> bool:
     return getattr(args, "pe_absolute", None) == "floater" or bool(getattr(args, "pe_floater_bias", False))
 
 
+#: --pe-floater-bound's default, per form (measured on the quickstart: README, bounded positions): the
+#: absolute form moves its positions up to B·Δt = 0.1 per coordinate and position, the Q/K/V biases 0.01
+BOUND_DEFAULTS = {"absolute": 1.0, "bias": 0.1}
+
+
 def floater_defaults(args):
     for name, default in FLOATER_DEFAULTS.items():
         if getattr(args, name, None) is None:
             setattr(args, name, default)
+    if args.pe_floater_bound is None and uses_floater(args) and args.pe_floater_dynamics == "ode":
+        args.pe_floater_bound = BOUND_DEFAULTS["bias" if args.pe_floater_bias else "absolute"]
     if args.pe_floater_dynamics != "ode":
         args.pe_floater_rnn_input = option(args, "pe_floater_rnn_input", "scalar")
         args.pe_floater_rnn_layers = option(args, "pe_floater_rnn_layers", 1)
@@ -222,13 +289,16 @@ def validate_floater_args(args):
         value = getattr(args, name, None)
         if value is not None and value < minimum:
             raise UserError(f"--{name.replace('_', '-')} must be at least {minimum}, got {value}")
-    for name in ("pe_floater_rtol", "pe_floater_atol", "pe_floater_lr_scale"):
+    if args.pe_floater_bound is not None and args.pe_floater_bound < 0:
+        raise UserError(f"--pe-floater-bound must be positive (or 0: unbounded), got {args.pe_floater_bound}")
+    for name in ("pe_floater_rtol", "pe_floater_atol", "pe_floater_lr_scale", "pe_floater_init_gain"):
         value = getattr(args, name, None)
         if value is not None and not value > 0:
             raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}")
     if not ode:
         for name in ("pe_floater_solver", "pe_floater_step_size", "pe_floater_rtol", "pe_floater_atol",
-                     "pe_floater_adjoint", "pe_floater_hidden_dim", "pe_floater_no_time"):
+                     "pe_floater_adjoint", "pe_floater_hidden_dim", "pe_floater_no_time", "pe_floater_init",
+                     "pe_floater_init_gain", "pe_floater_bound"):
             if name in given:
                 raise UserError(f"--{name.replace('_', '-')} applies to --pe-floater-dynamics ode only, not "
                                 f"{args.pe_floater_dynamics}; remove it")
@@ -294,6 +364,9 @@ class FloaterFlow(Float32State):
         self.hidden_dim = option(args, "pe_floater_hidden_dim", embed_dim)
         self.append_time = not args.pe_floater_no_time
         self.lr_scale = float(args.pe_floater_lr_scale)
+        self.init = args.pe_floater_init
+        self.init_gain = float(args.pe_floater_init_gain)
+        self.bound = float(args.pe_floater_bound or 0.0)
         self.refresh_updates = int(args.pe_floater_refresh_updates)
         self.rnn_input = args.pe_floater_rnn_input
         self.rnn_layers = args.pe_floater_rnn_layers
@@ -320,7 +393,7 @@ class FloaterFlow(Float32State):
         self.groups = groups
         if self.kind == "ode":
             self.dynamics = FloaterDynamics(len(groups), self.embed_dim, self.hidden_dim, self.append_time,
-                                            self.lr_scale)
+                                            self.lr_scale, init=self.init, gain=self.init_gain, bound=self.bound)
         else:
             from .floater_recurrent import RecurrentPositionDynamics
 
@@ -541,7 +614,7 @@ def fairseq_style_floater_args(**overrides):
     """An argparse-like namespace with FLOATER's defaults (for building flows outside a model)."""
     from argparse import Namespace
 
-    args = Namespace(pe_absolute="floater", **overrides)
+    args = Namespace(pe_absolute="floater", **{**dict.fromkeys(FLOATER_DEFAULTS), **overrides})
     floater_defaults(args)
     return args
 
