@@ -599,7 +599,7 @@ def train_and_decode(args, data_bin: str, name: str, flags: List[str], seed: int
             first = warm_start_updates(args.max_update, share)
             stage = os.path.join(out, "stage1")
             log(f"{name}: training {first} updates ({' '.join(base)}), then converting it for FLOATER")
-            train(base, stage, first, os.path.join(stage + ".log"))
+            train(base, stage, first, stage + ".log")
             converted = os.path.join(out, "warm-start.pt")
             run(["fairseq-pe-warm-start-floater", os.path.join(stage, "checkpoint_last.pt"), converted],
                 os.path.join(out, "warm-start.log"), env=env)

@@ -154,11 +154,7 @@ def norm_plot(norms: Sequence[Tuple[str, List[float]]], logit_max: List[float], 
     ax2.set_yscale("log")
     ax2.set_title("largest |identical-word logit| among positions 0..i (first layer)", fontsize=9)
     for ax in (ax1, ax2):
-        ax.set_xlabel("position i")
-        ax.grid(alpha=0.3)
-        if trained_length:
-            ax.axvline(trained_length - 0.5, color="grey", linestyle="--", linewidth=0.8,
-                       label=f"trained length ({trained_length})")
+        _position_axis(ax, trained_length)
     if trained_length:
         ax2.legend(fontsize=7)
     _save(plt, fig, path, title)
@@ -178,10 +174,15 @@ def norm_comparison_plot(curves: Sequence[Tuple[str, List[float], List[float]]],
     ax2.set_title("largest |identical-word logit| among positions 0..i (first layer)", fontsize=9)
     for ax in (ax1, ax2):
         ax.set_yscale("log")
-        ax.set_xlabel("position i")
-        ax.grid(alpha=0.3)
-        if trained_length:
-            ax.axvline(trained_length - 0.5, color="grey", linestyle="--", linewidth=0.8,
-                       label=f"trained length ({trained_length})")
+        _position_axis(ax, trained_length)
         ax.legend(fontsize=7)
     _save(plt, fig, path, title)
+
+
+def _position_axis(ax, trained_length: Optional[int]):
+    """x axis "position i", a grid, and the trained length as a dashed line when known."""
+    ax.set_xlabel("position i")
+    ax.grid(alpha=0.3)
+    if trained_length:
+        ax.axvline(trained_length - 0.5, color="grey", linestyle="--", linewidth=0.8,
+                   label=f"trained length ({trained_length})")

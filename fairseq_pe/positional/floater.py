@@ -106,15 +106,13 @@ class FloaterDynamics(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
         key = prefix + "bound_record"
-        if key not in state_dict:
-            if prefix + "w1" in state_dict and self.bound != 0:
-                # trained before --pe-floater-bound existed: h was unbounded, and stays so
-                logger.info(f"{prefix}: a checkpoint from before --pe-floater-bound; its dynamics stay unbounded, "
-                            f"as trained (not --pe-floater-bound {self.bound:g})")
-                self.bound = 0.0
-            state_dict[key] = torch.tensor(self.bound)
-        else:  # the model's own option wins (the checkpoint's, unless overridden): record it
-            state_dict[key] = torch.tensor(self.bound)
+        if key not in state_dict and prefix + "w1" in state_dict and self.bound != 0:
+            # trained before --pe-floater-bound existed: h was unbounded, and stays so
+            logger.info(f"{prefix}: a checkpoint from before --pe-floater-bound; its dynamics stay unbounded, "
+                        f"as trained (not --pe-floater-bound {self.bound:g})")
+            self.bound = 0.0
+        # otherwise the model's own option wins (the checkpoint's, unless overridden): record it
+        state_dict[key] = torch.tensor(self.bound)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
