@@ -43,6 +43,7 @@ from fairseq_pe.errors import UserError, cli
 from fairseq_pe.models.transformer_pe import TransformerPEModel
 from fairseq_pe.outputs import check_new_file, save_torch
 from fairseq_pe.positional.floater import add_floater_args
+from fairseq_pe.positional.sinusoid_scale import SCALE_KEY
 
 logger = logging.getLogger("fairseq_pe.warm_start")
 
@@ -147,7 +148,8 @@ def convert_state_dict(old_state: dict, new_model, padding_idx: int, stock: bool
     allowed_missing = {names[i] for i in floater if i in names}
     allowed_missing |= {"floater." + n for n, _ in new_model.floater.named_buffers()}  # its bound's record
     missing = sorted(new_keys - set(mapped) - allowed_missing)
-    missing = [k for k in missing if not k.endswith(("_dtype_probe", "omega"))]
+    # a stock checkpoint's sinusoids have no scale: loading gives them S = 1 (sinusoid_scale), as they were
+    missing = [k for k in missing if not k.endswith(("_dtype_probe", "omega", SCALE_KEY))]
     if missing:
         raise WarmStartError(f"the FLOATER model has weights the checkpoint lacks: {missing[:8]}")
     return mapped

@@ -44,6 +44,7 @@ from fairseq_pe.errors import cli
 from fairseq_pe.models.options import add_position_encoding_args
 from fairseq_pe.models.roberta_pe import LEARNED_TABLE_KEY, RobertaPEModel
 from fairseq_pe.positional.learned import LearnedPositionEncoding
+from fairseq_pe.positional.sinusoid_scale import SCALE_KEY
 from fairseq_pe.warm_start import (WarmStartError, _model_args, check_paths, load_original, read_checkpoint,
                                    save_converted)
 
@@ -83,6 +84,7 @@ def map_state(old_state: dict, new_model, padding_idx: int, stock: bool):
     """The checkpoint's weights under the new model's names; what was dropped."""
     mapped, dropped = {}, []
     target_learned = isinstance(new_model.encoder.position_injector.absolute, LearnedPositionEncoding)
+    new_keys = set(new_model.state_dict())
     for key, value in old_state.items():
         if stock and key == STOCK_TABLE_KEY:
             if target_learned:
@@ -90,11 +92,10 @@ def map_state(old_state: dict, new_model, padding_idx: int, stock: bool):
             else:
                 dropped.append(key)
             continue
-        if key == LEARNED_TABLE_KEY and not target_learned:
-            dropped.append(key)
+        if (key == LEARNED_TABLE_KEY and not target_learned) or (".embed_positions." in key and key not in new_keys):
+            dropped.append(key)  # the old encoding's own state (a table, frequencies, a scale): replaced
             continue
         mapped[key] = value
-    new_keys = set(new_model.state_dict())
     unexpected = sorted(k for k in mapped if k not in new_keys and not k.startswith(("classification_heads.",
                                                                                       "span_heads.")))
     if unexpected:
@@ -164,7 +165,10 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     converted = ARCH_MODEL_REGISTRY["roberta_pe"].build_model(new_args, task)
     mapped, dropped = map_state(original.state_dict(), converted, task.source_dictionary.pad(), stock)
-    missing, _ = converted.load_state_dict(mapped, strict=False)
+    # a new sinusoidal encoding keeps its own scale (loading would take a missing one for an old checkpoint's S = 1)
+    own_scales = {k: v for k, v in converted.state_dict().items() if k.endswith(SCALE_KEY) and k not in mapped}
+    missing, _ = converted.load_state_dict({**mapped, **own_scales}, strict=False)
+    missing = list(missing) + list(own_scales)
     not_positions = [k for k in missing if not _is_position_parameter(k)]
     if not_positions:
         raise WarmStartError(f"the roberta_pe model has weights the checkpoint lacks: {not_positions[:8]}")

@@ -52,7 +52,10 @@ def assert_same_reference_scores(data, original, converted):
 @pytest.mark.parametrize("arch,flags,absolute", [
     ("transformer", ["--encoder-learned-pos", "--decoder-learned-pos"], "learned"),
     ("transformer_pe", ["--pe-absolute", "learned", "--pe-relative", "t5"], "learned"),
-], ids=["stock-learned-positions", "transformer_pe-learned+t5"])
+    # a trained scale (issue 17) is carried over: the converted sinusoids are the trained ones
+    ("transformer_pe", ["--pe-absolute", "learnable-sinusoidal", "--pe-sinusoid-scale", "0.5",
+                        "--pe-sinusoid-scale-learnable"], "learnable-sinusoidal"),
+], ids=["stock-learned-positions", "transformer_pe-learned+t5", "transformer_pe-scaled-learnable-sinusoids"])
 def test_other_checkpoints_convert_exactly(tmp_path, data, arch, flags, absolute):
     save = str(tmp_path / "orig")
     cli("fairseq-train", data, "--user-dir", PLUGIN, "--arch", arch, *SIZES, *flags, *TRAIN, "--max-update", "15",
@@ -62,6 +65,10 @@ def test_other_checkpoints_convert_exactly(tmp_path, data, arch, flags, absolute
     cli(sys.executable, os.path.join(REPO, "scripts", "warm_start_floater.py"), original, converted)
     args = checkpoint_utils.load_checkpoint_to_cpu(converted)["cfg"]["model"]
     assert args.pe_absolute == absolute and args.pe_floater_bias
+    if "--pe-sinusoid-scale" in flags:
+        scales = [checkpoint_utils.load_checkpoint_to_cpu(path)["model"]["encoder.embed_positions.absolute.sinusoid_scale"]
+                  for path in (original, converted)]
+        assert float(scales[0]) != 0.5 and torch.equal(*scales)  # it trained, and was copied
     assert_same_reference_scores(data, original, converted)
 
 

@@ -303,18 +303,22 @@ def test_bert_pretrain_recipe_follows_table_4(tmp_path, bare_path, mode):
 
 
 def test_bert_cpu_recipe_gives_every_encoding_the_same_budget(tmp_path, bare_path):
-    _, commands = dry_run("bert-cpu.sh", tmp_path, bare_path, OUT=str(tmp_path / "out"), SEEDS="1 2")
+    _, commands = dry_run("bert-cpu.sh", tmp_path, bare_path, OUT=str(tmp_path / "out"), SEEDS="1 2",
+                          EXTRA_SYSTEMS="ape-sin-1 --pe-absolute sinusoidal --pe-sinusoid-scale 1")
     trains = train_lines(commands)
     for task in ("masked_lm", "sentence_prediction", "span_prediction"):
         runs = [c for c in trains if f"--task {task}" in c]
-        assert len(runs) == 8, task  # 4 encodings x 2 seeds, each seed in its own folder
+        assert len(runs) == 12, task  # 6 encodings x 2 seeds, each seed in its own folder
         for seed in ("1", "2"):
             budget = {(_value(c, "--max-update"), _value(c, "--batch-size"), _value(c, "--lr"))
                       for c in runs if _value(c, "--seed") == seed}
             assert len(budget) == 1, budget
             assert all(_value(c, "--save-dir").endswith(f"-s{seed}") for c in runs if _value(c, "--seed") == seed)
         assert {flags_of(c) for c in runs} == {
-            "--pe-absolute learned", "--pe-absolute learnable-sinusoidal",
-            "--pe-absolute none --pe-relative learned", "--pe-absolute floater --pe-all-blocks"}
-    assert [c for c in commands if "bert_cpu_table.py" in c][0].rstrip().endswith("--seeds 1 2")
+            "--pe-absolute learned", "--pe-absolute sinusoidal", "--pe-absolute learnable-sinusoidal",
+            "--pe-absolute none --pe-relative learned", "--pe-absolute floater --pe-all-blocks",
+            "--pe-absolute sinusoidal --pe-sinusoid-scale 1"}
+    table = [c for c in commands if "bert_cpu_table.py" in c][0]
+    assert table.rstrip().endswith("--seeds 1 2")
+    assert "ape-sin-1=--pe-absolute\\ sinusoidal\\ --pe-sinusoid-scale\\ 1" in table  # printf %q
     assert all("--tokens-per-sample 128" in c and "--max-positions 512" in c for c in trains if "masked_lm" in c)

@@ -14,6 +14,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY
 from helpers import FIXTURES, PLUGIN, cli
 
 from fairseq_pe.models.roberta_pe import LEARNED_TABLE_KEY, RobertaPEModel
+from fairseq_pe.positional.sinusoid_scale import ROBERTA_DEFAULTS
 from fairseq_pe.positional.sinusoidal import transformer_frequencies
 
 ENCODINGS = [
@@ -256,6 +257,16 @@ def test_warm_start_to_another_encoding_initialises_it(mono, stock_roberta, tmp_
     pretrain(mono, tmp_path / "ft", "--pe-absolute", "none", "--pe-relative", "learned", "--restore-file",
              str(tmp_path / "rpe.pt"), "--reset-optimizer", "--reset-dataloader", "--reset-meters",
              "--max-positions", "32", updates=1)
+
+
+def test_warm_start_to_sinusoids_gives_them_roberta_pes_scale(mono, stock_roberta, tmp_path):
+    """A new sinusoidal encoding keeps its own scale: roberta_pe's default, not the S = 1 that a checkpoint
+    without a scale (saved before it existed) loads with."""
+    cli("fairseq-pe-warm-start-roberta", str(stock_roberta), str(tmp_path / "sin.pt"), "--data", str(mono),
+        "--pe-absolute", "sinusoidal")
+    state = load_state(tmp_path / "sin.pt")["model"]
+    scale = state["encoder.sentence_encoder.embed_positions.absolute.sinusoid_scale"]
+    assert float(scale) == pytest.approx(ROBERTA_DEFAULTS["absolute"][0])
 
 
 def test_prepare_mono_never_replaces_results_nor_reads_its_own_outputs(tmp_path, capsys):

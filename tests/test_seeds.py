@@ -50,9 +50,10 @@ def test_bert_cpu_table_combines_its_seeds():
                                                   os.path.join(REPO, "scripts", "recipes", "bert_cpu_table.py"))
     table = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(table)
-    row = table.combine_seeds("ape-learned", {1: {"mlm_valid_loss": 8.0, "sst2_accuracy": 80.0},
+    row = table.combine_seeds("ape-learned", "--pe-absolute learned", {1: {"mlm_valid_loss": 8.0, "sst2_accuracy": 80.0},
                                               2: {"mlm_valid_loss": 9.0, "sst2_accuracy": 70.0},
                                               3: {"mlm_valid_loss": 10.0}})
+    assert row["flags"] == "--pe-absolute learned"
     assert row["mlm_valid_loss"] == 9.0 and row["mlm_valid_loss_sd"] == pytest.approx(1.0)
     assert row["sst2_accuracy"] is None  # missing in seed 3: no mean of the other two
     assert table.fmt(row["mlm_valid_loss"], 3, row["mlm_valid_loss_sd"]) == "9.000 ± 1.000"

@@ -120,6 +120,8 @@ def assert_user_error(proc, prog, *fragments):
     (("--pe-relative", "t5", "--pe-t5-max-distance", "16"), ("--pe-t5-max-distance must be greater than 16",
                                                              "allowed: 17 or more")),
     (("--pe-relative", "rope", "--pe-relative-untie-heads"), ("--pe-relative-untie-heads has no effect",)),
+    (("--pe-absolute", "learned", "--pe-sinusoid-scale", "0.5"),
+     ("--pe-sinusoid-scale applies to --pe-absolute sinusoidal / learnable-sinusoidal / sinusoidal-fairseq only",)),
 ])
 def test_fairseq_train_reports_a_bad_option_in_one_line(data_bin, tmp_path, flags, fragments):
     proc = cli("fairseq-train", data_bin, "--user-dir", PLUGIN, *TRAIN, "--save-dir", str(tmp_path), *flags,

@@ -3,6 +3,8 @@
 from fairseq_pe.errors import UserError, as_user_errors
 from fairseq_pe.positional import position_encoding_choices
 from fairseq_pe.positional.floater import add_floater_args, floater_defaults, validate_floater_args
+from fairseq_pe.positional.sinusoid_scale import (TRANSFORMER_DEFAULTS, add_sinusoid_scale_args,
+                                                  sinusoid_scale_defaults, validate_sinusoid_scale_args)
 
 
 def add_position_encoding_args(parser):
@@ -45,6 +47,7 @@ def add_position_encoding_args(parser):
     group.add_argument("--pe-t5-num-buckets", type=int, help="t5: number of distance buckets (default 32)")
     group.add_argument("--pe-t5-max-distance", type=int,
                        help="t5: distance where the last (logarithmic) bucket starts (default 128)")
+    add_sinusoid_scale_args(group)
     add_floater_args(group)
 
 
@@ -56,8 +59,9 @@ RELATIVE_FAMILY_OPTIONS = [
 ]
 
 
-def position_encoding_defaults(args):
-    """Fill in the defaults of the ``--pe-*`` options (called from architecture functions)."""
+def position_encoding_defaults(args, sinusoid_scales=TRANSFORMER_DEFAULTS):
+    """Fill in the defaults of the ``--pe-*`` options (called from architecture functions);
+    ``sinusoid_scales``: the model's defaults of the sinusoids' scales (:mod:`~fairseq_pe.positional.sinusoid_scale`)."""
     args.pe_absolute = getattr(args, "pe_absolute", None) or "sinusoidal"
     args.pe_all_blocks = getattr(args, "pe_all_blocks", False)
     args.pe_relative = getattr(args, "pe_relative", None) or "none"
@@ -70,6 +74,7 @@ def position_encoding_defaults(args):
             setattr(args, name, default)
         elif not hasattr(args, name):
             setattr(args, name, None)
+    sinusoid_scale_defaults(args, sinusoid_scales)
     floater_defaults(args)
 
 
@@ -124,4 +129,5 @@ def _validate_position_args(args):
             if used:
                 raise UserError(f"--cross-self-attention is not supported with {flag}: its attention over "
                                 "source and target together has no single position axis; remove one of them")
+    validate_sinusoid_scale_args(args)
     validate_floater_args(args)

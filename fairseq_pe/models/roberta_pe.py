@@ -33,6 +33,7 @@ from fairseq.utils import safe_hasattr
 
 from fairseq_pe.errors import UserError, as_user_errors
 from fairseq_pe.positional.learned import LearnedPositionEncoding
+from fairseq_pe.positional.sinusoid_scale import ROBERTA_DEFAULTS
 
 from .floater_setup import apply_floater_freezing, build_floater_flow
 from .options import add_position_encoding_args, position_encoding_defaults, validate_position_args
@@ -170,7 +171,7 @@ class RobertaPEModel(RobertaModel):
 
 def _pe_defaults(args):
     args.pe_absolute = getattr(args, "pe_absolute", None) or "learned"
-    position_encoding_defaults(args)
+    position_encoding_defaults(args, sinusoid_scales=ROBERTA_DEFAULTS)
     args.encoder_learned_pos = getattr(args, "encoder_learned_pos", False)
 
 

@@ -33,6 +33,7 @@ def build_position_injector(cfg, num_blocks: int, embed_dim: int, num_heads: int
         max_positions=max_positions,
         max_positions_flag=max_positions_flag or f"--max-{side}-positions",
         padding_idx=padding_idx,
+        args=cfg,
     )
     relative = build_position_encoding(
         "relative", cfg.pe_relative,

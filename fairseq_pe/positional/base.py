@@ -130,6 +130,7 @@ class AbsolutePositionEncoding(nn.Module):
         max_positions_flag: the command-line flag that sets ``max_positions``, named in the
             error raised for a longer sequence.
         padding_idx: the dictionary's padding index (fairseq's own encodings offset positions by it).
+        args: the model's configuration, for a family's own options (e.g. the sinusoids' scale).
     """
 
     #: whether the encoding has a length limit (a table); sinusoids have none
@@ -137,7 +138,7 @@ class AbsolutePositionEncoding(nn.Module):
 
     def __init__(self, embed_dim: int, num_blocks: int = 1, all_blocks: bool = False,
                  max_positions: Optional[int] = None, max_positions_flag: str = "--max-source-positions",
-                 padding_idx: int = 1):
+                 padding_idx: int = 1, args=None):
         super().__init__()
         self.padding_idx = padding_idx
         self.embed_dim = embed_dim

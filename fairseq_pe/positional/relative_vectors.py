@@ -11,6 +11,9 @@ Shaw et al. (2018), Eq. 3–4, with r = clip(j − i, −K, K):
   signed distance in the per-head dimension d (P as in :mod:`.sinusoidal`).
 * ``learnable-sinusoidal`` (Wang et al. 2021): the same with trainable frequencies.
 
+The sinusoidal vectors are multiplied by a scale S (:mod:`.sinusoid_scale`,
+``--pe-relative-sinusoid-scale``; default 1): a^K_r = a^V_r = S·P(r).
+
 As in Wang et al., one set of vectors is shared by all heads and layers; the options
 ``--pe-relative-untie-layers`` (one set per layer) and ``--pe-relative-untie-heads`` (one per
 head; learned and learnable-sinusoidal only) untie them.  ``--pe-relative-max-distance K``
@@ -29,6 +32,7 @@ import torch.nn as nn
 from fairseq_pe.errors import UserError
 
 from .base import Float32State, RelativePositionEncoding, WeakCache, option, register_position_encoding, relative_distances
+from .sinusoid_scale import ScaledSinusoids, scale_of
 from .sinusoidal import sinusoid, transformer_frequencies
 
 DEFAULT_MAX_DISTANCE = 64
@@ -105,8 +109,13 @@ class ShawRelativePositionEncoding(_RelativeVectors):
         return self.key_vectors[t], self.value_vectors[t]
 
 
-class _SinusoidalRelative(Float32State, _RelativeVectors):
-    """Vectors computed in float32 from float32 frequencies, whatever the model's dtype."""
+class _SinusoidalRelative(ScaledSinusoids, Float32State, _RelativeVectors):
+    """Vectors computed in float32 from float32 frequencies, whatever the model's dtype, times the scale S
+    of ``--pe-relative-sinusoid-scale`` (``-learnable``)."""
+
+    def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
+        super().__init__(embed_dim, num_heads, num_blocks, causal, args)
+        self.init_scale(*scale_of(args, "relative"))
 
     def frequencies(self, block) -> torch.Tensor:
         raise NotImplementedError
@@ -118,6 +127,7 @@ class _SinusoidalRelative(Float32State, _RelativeVectors):
             table = torch.stack([sinusoid(distances, w, self.head_dim) for w in omega])
         else:
             table = sinusoid(distances, omega, self.head_dim)
+        table = self.scaled(table)
         return table, table
 
 

@@ -21,6 +21,9 @@ fairseq's own (``sinusoidal-fairseq``): what fairseq's stock ``transformer`` use
 (``SinusoidalPositionalEmbedding``), so that stock checkpoints convert exactly
 (``scripts/warm_start_floater.py``): ω_i = 10000^(-i/(D/2-1)) and token x at position
 x + padding_idx + 1.
+
+Every variant is multiplied by a scale S (:mod:`.sinusoid_scale`): P_S(x) = S·P(x), fixed or learnable,
+``--pe-sinusoid-scale`` (default 1 for ``transformer_pe``, so the vectors above are unchanged).
 """
 
 import math
@@ -29,6 +32,7 @@ import torch
 import torch.nn as nn
 
 from .base import AbsolutePositionEncoding, Float32State, register_position_encoding
+from .sinusoid_scale import ScaledSinusoids, scale_of
 
 
 def transformer_frequencies(embed_dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -46,19 +50,28 @@ def sinusoid(positions: torch.Tensor, frequencies: torch.Tensor, embed_dim: int)
     return out
 
 
-class _SinusoidalBase(Float32State, AbsolutePositionEncoding):
-    """Sinusoids computed in float32 from float32 frequencies, whatever the model's dtype."""
+class _SinusoidalBase(ScaledSinusoids, Float32State, AbsolutePositionEncoding):
+    """Sinusoids computed in float32 from float32 frequencies, whatever the model's dtype, times the
+    scale S of ``args`` (``--pe-sinusoid-scale``, ``--pe-sinusoid-scale-learnable``; 1 without args)."""
+
+    def __init__(self, embed_dim, args=None, **kwargs):
+        super().__init__(embed_dim, args=args, **kwargs)
+        self.init_scale(*scale_of(args, "absolute"))
 
     def frequencies(self) -> torch.Tensor:
         raise NotImplementedError
 
+    def first_position(self) -> int:
+        return 0
+
     def forward(self, length: int, block: int = 1) -> torch.Tensor:
         freqs = self.frequencies()
-        positions = torch.arange(length, device=freqs.device)
+        start = self.first_position()
+        positions = torch.arange(start, start + length, device=freqs.device)
         table = sinusoid(positions, freqs, self.embed_dim)
         if self.all_blocks:
             table = table + sinusoid(torch.tensor([float(block)], device=freqs.device), freqs, self.embed_dim)
-        return table
+        return self.scaled(table)
 
 
 @register_position_encoding("absolute", "sinusoidal")
@@ -104,10 +117,5 @@ class FairseqSinusoidalPositionEncoding(_SinusoidalBase):
     def frequencies(self):
         return self.omega
 
-    def forward(self, length: int, block: int = 1) -> torch.Tensor:
-        offset = self.padding_idx + 1
-        positions = torch.arange(offset, offset + length, device=self.omega.device)
-        table = sinusoid(positions, self.omega, self.embed_dim)
-        if self.all_blocks:
-            table = table + sinusoid(torch.tensor([float(block)], device=self.omega.device), self.omega, self.embed_dim)
-        return table
+    def first_position(self):
+        return self.padding_idx + 1  # fairseq's offset

@@ -15,6 +15,7 @@
 #
 # Usage: scripts/recipes/bert-cpu.sh            (about 2 h per seed on 2 CPU cores with JOBS=2)
 # Environment: OUT (default ./bert-cpu), SHARED (../shared/data), SYSTEMS (subset of the names below),
+#   EXTRA_SYSTEMS (more systems: lines "NAME FLAGS..."),
 #   SEEDS (space-separated, default "1"; e.g. SEEDS="1 2 3"), JOBS (pipelines run at once, default 1),
 #   PRETRAIN_UPDATES (1200), SST2_UPDATES (600), SQUAD_UPDATES (600), DEV_EVERY (5), VOCAB (8000),
 #   DRY_RUN=1 (print the commands only), PYTHON.
@@ -36,11 +37,21 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PYTHONUNBUFFERED=1
 
 declare -A FLAGS=(
   [ape-learned]="--pe-absolute learned"
+  [ape-sin]="--pe-absolute sinusoidal"
   [ape-lsin]="--pe-absolute learnable-sinusoidal"
   [rpe-learned]="--pe-absolute none --pe-relative learned"
   [floater]="--pe-absolute floater --pe-all-blocks"
 )
-ORDER="ape-learned ape-lsin rpe-learned floater"
+ORDER="ape-learned ape-sin ape-lsin rpe-learned floater"
+# EXTRA_SYSTEMS: more systems, one per line, "NAME FLAGS..." (e.g. $'ape-sin-1 --pe-absolute sinusoidal
+# --pe-sinusoid-scale 1'); they join the default SYSTEMS
+while read -r name flags; do
+  [[ -n $name ]] || continue
+  [[ -z ${FLAGS[$name]:-} ]] || { echo "bert-cpu.sh: EXTRA_SYSTEMS: '$name' is a system already; choose another name" >&2; exit 2; }
+  [[ -n $flags ]] || { echo "bert-cpu.sh: EXTRA_SYSTEMS: '$name' has no flags (a line is 'NAME FLAGS...')" >&2; exit 2; }
+  FLAGS[$name]=$flags
+  ORDER="$ORDER $name"
+done <<< "${EXTRA_SYSTEMS:-}"
 SYSTEMS=${SYSTEMS:-$ORDER}
 for s in $SYSTEMS; do
   [[ -n ${FLAGS[$s]:-} ]] || { echo "bert-cpu.sh: unknown system '$s' in SYSTEMS; choose from: $ORDER" >&2; exit 2; }
@@ -124,6 +135,8 @@ for seed in $SEEDS; do
 done
 wait
 
+SYSTEM_FLAGS=()
+for name in $SYSTEMS; do SYSTEM_FLAGS+=("$name=${FLAGS[$name]}"); done
 run table.log "$PYTHON" "$REPO/scripts/recipes/bert_cpu_table.py" --out "$OUT" --squad-json "${OUT}/squad-dev.json" \
-  --systems $SYSTEMS --seeds $SEEDS
+  --systems "${SYSTEM_FLAGS[@]}" --seeds $SEEDS
 [[ $DRY_RUN == 1 ]] || cat "$OUT/results.md"

@@ -16,12 +16,6 @@ from fairseq_pe.seeds import mean_sd
 from fairseq_pe.squad import evaluate_v1, f1_v1, iter_questions
 
 BUCKETS = [(0, 128, "< 128"), (128, 256, "128-255"), (256, 1 << 30, ">= 256")]
-FLAGS = {
-    "ape-learned": "--pe-absolute learned",
-    "ape-lsin": "--pe-absolute learnable-sinusoidal",
-    "rpe-learned": "--pe-absolute none --pe-relative learned",
-    "floater": "--pe-absolute floater --pe-all-blocks",
-}
 
 
 def mlm_valid_loss(log_path):
@@ -93,9 +87,9 @@ COLUMNS = ([("mlm_valid_loss", "MLM valid loss (bits)", 3), ("sst2_accuracy", "S
            + [(f"squad_f1_at_{name}", f"F1, answer at {name}", 1) for _, _, name in BUCKETS])
 
 
-def combine_seeds(name, runs):
+def combine_seeds(name, flags, runs):
     """Mean and sample standard deviation over the seeds of every score (a score missing in a seed: None)."""
-    row = {"system": name, "flags": FLAGS.get(name, ""), "seeds": {str(seed): r for seed, r in runs.items()}}
+    row = {"system": name, "flags": flags, "seeds": {str(seed): r for seed, r in runs.items()}}
     for key, _, _ in COLUMNS:
         values = [r.get(key) for r in runs.values()]
         if any(v is None for v in values):
@@ -109,14 +103,17 @@ def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", required=True, help="the recipe's OUT directory")
     p.add_argument("--squad-json", required=True, help="dev-v1.1.json")
-    p.add_argument("--systems", nargs="+", required=True)
+    p.add_argument("--systems", nargs="+", required=True, metavar="NAME=FLAGS",
+                   help="the recipe's systems and their flags (files NAME-sSEED)")
     p.add_argument("--seeds", nargs="+", type=int, default=[1], help="the recipe's SEEDS")
     args = p.parse_args()
     with open(args.squad_json) as f:
         dataset = json.load(f)["data"]
     positions = answer_positions(os.path.join(args.out, "squad-bin"))
-    rows = [combine_seeds(name, {seed: seed_row(args.out, dataset, positions, f"{name}-s{seed}") for seed in args.seeds})
-            for name in args.systems]
+    systems = dict(s.partition("=")[::2] for s in args.systems)
+    rows = [combine_seeds(name, flags, {seed: seed_row(args.out, dataset, positions, f"{name}-s{seed}")
+                                        for seed in args.seeds})
+            for name, flags in systems.items()]
     if len(args.seeds) > 1:
         spread = f"mean ± standard deviation over {len(args.seeds)} seeds ({', '.join(map(str, args.seeds))})"
     else:
