@@ -322,3 +322,14 @@ def test_bert_cpu_recipe_gives_every_encoding_the_same_budget(tmp_path, bare_pat
     assert table.rstrip().endswith("--seeds 1 2")
     assert "ape-sin-1=--pe-absolute\\ sinusoidal\\ --pe-sinusoid-scale\\ 1" in table  # printf %q
     assert all("--tokens-per-sample 128" in c and "--max-positions 512" in c for c in trains if "masked_lm" in c)
+
+
+def test_bert_cpu_recipe_finetune_picks_the_finetunings(tmp_path, bare_path):
+    _, commands = dry_run("bert-cpu.sh", tmp_path, bare_path, OUT=str(tmp_path / "out"), FINETUNE="sst2",
+                          SYSTEMS="ape-sin")
+    tasks = [_value(c, "--task") for c in train_lines(commands)]
+    assert tasks == ["masked_lm", "sentence_prediction"]
+    assert not any(c.startswith("fairseq-pe-squad-predict") for c in commands)
+    proc = subprocess.run(["bash", os.path.join(RECIPES, "bert-cpu.sh")], env={"PATH": bare_path, "DRY_RUN": "1",
+                          "FINETUNE": "sst2 glue"}, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "unknown fine-tuning 'glue' in FINETUNE" in proc.stderr

@@ -13,6 +13,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY
 
 from helpers import FIXTURES, PLUGIN, cli
 
+from fairseq_pe.models.options import position_encoding_defaults
 from fairseq_pe.models.roberta_pe import LEARNED_TABLE_KEY, RobertaPEModel
 from fairseq_pe.positional.sinusoid_scale import ROBERTA_DEFAULTS
 from fairseq_pe.positional.sinusoidal import transformer_frequencies
@@ -30,6 +31,23 @@ ENCODINGS = [
     ["--pe-absolute", "floater", "--pe-all-blocks"],
     ["--pe-floater-bias"],
 ]
+
+
+def test_floater_bound_follows_each_models_token_scale():
+    """roberta_pe's FLOATER bound is 0.02 (its tokens are 50x smaller per coordinate than transformer_pe's,
+    whose bound is 1): its positions move at most 0.02·Δt per coordinate and position; a flag still wins."""
+    model, _ = build("--pe-absolute", "floater", max_positions=256)
+    assert model.floater.bound == 0.02 and model.floater.dynamics.bound == 0.02
+    with torch.no_grad():
+        p = model.encoder.position_injector.absolute(256).float().reshape(256, -1)
+    drift = (p - p[0]).abs().max(dim=1).values
+    steps = torch.arange(256, dtype=torch.float32) * 0.02 * model.floater.dt
+    assert bool((drift <= steps + 1e-6).all()) and float(drift[-1]) > 0.5 * float(steps[-1])
+    assert build("--pe-floater-bias")[0].floater.bound == 0.1
+    assert build("--pe-absolute", "floater", "--pe-floater-bound", "1")[0].floater.bound == 1.0
+    transformer_args = argparse.Namespace(pe_absolute="floater")
+    position_encoding_defaults(transformer_args)
+    assert transformer_args.pe_floater_bound == 1.0
 
 
 def dictionary(vocab=40):

@@ -55,5 +55,11 @@ def test_bert_cpu_table_combines_its_seeds():
                                               3: {"mlm_valid_loss": 10.0}})
     assert row["flags"] == "--pe-absolute learned"
     assert row["mlm_valid_loss"] == 9.0 and row["mlm_valid_loss_sd"] == pytest.approx(1.0)
-    assert row["sst2_accuracy"] is None  # missing in seed 3: no mean of the other two
+    assert row["mlm_valid_loss_seeds"] is None  # every seed has it
+    # missing in seed 3: the mean of the other two, which the table names
+    assert row["sst2_accuracy"] == 75.0 and row["sst2_accuracy_seeds"] == [1, 2]
+    assert row["squad_f1"] is None and row["squad_f1_seeds"] is None
     assert table.fmt(row["mlm_valid_loss"], 3, row["mlm_valid_loss_sd"]) == "9.000 ± 1.000"
+    assert table.fmt(row["sst2_accuracy"], 1, row["sst2_accuracy_sd"], row["sst2_accuracy_seeds"]) == \
+        "75.0 ± 7.1 (seeds 1, 2)"
+    assert table.fmt(9.27, 1, None, [1]) == "9.3 (seed 1)"

@@ -59,9 +59,10 @@ RELATIVE_FAMILY_OPTIONS = [
 ]
 
 
-def position_encoding_defaults(args, sinusoid_scales=TRANSFORMER_DEFAULTS):
+def position_encoding_defaults(args, sinusoid_scales=TRANSFORMER_DEFAULTS, floater_bounds=None):
     """Fill in the defaults of the ``--pe-*`` options (called from architecture functions);
-    ``sinusoid_scales``: the model's defaults of the sinusoids' scales (:mod:`~fairseq_pe.positional.sinusoid_scale`)."""
+    ``sinusoid_scales``: the model's defaults of the sinusoids' scales (:mod:`~fairseq_pe.positional.sinusoid_scale`);
+    ``floater_bounds``: its defaults of ``--pe-floater-bound`` (:func:`~fairseq_pe.positional.floater.floater_defaults`)."""
     args.pe_absolute = getattr(args, "pe_absolute", None) or "sinusoidal"
     args.pe_all_blocks = getattr(args, "pe_all_blocks", False)
     args.pe_relative = getattr(args, "pe_relative", None) or "none"
@@ -75,7 +76,7 @@ def position_encoding_defaults(args, sinusoid_scales=TRANSFORMER_DEFAULTS):
         elif not hasattr(args, name):
             setattr(args, name, None)
     sinusoid_scale_defaults(args, sinusoid_scales)
-    floater_defaults(args)
+    floater_defaults(args, floater_bounds)
 
 
 # integer options and their smallest allowed value (checked on the value given, so an explicit 0 is refused,

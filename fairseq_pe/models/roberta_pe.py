@@ -32,6 +32,7 @@ from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_hasattr
 
 from fairseq_pe.errors import UserError, as_user_errors
+from fairseq_pe.positional.floater import ROBERTA_BOUND_DEFAULTS
 from fairseq_pe.positional.learned import LearnedPositionEncoding
 from fairseq_pe.positional.sinusoid_scale import ROBERTA_DEFAULTS
 
@@ -171,7 +172,7 @@ class RobertaPEModel(RobertaModel):
 
 def _pe_defaults(args):
     args.pe_absolute = getattr(args, "pe_absolute", None) or "learned"
-    position_encoding_defaults(args, sinusoid_scales=ROBERTA_DEFAULTS)
+    position_encoding_defaults(args, sinusoid_scales=ROBERTA_DEFAULTS, floater_bounds=ROBERTA_BOUND_DEFAULTS)
     args.encoder_learned_pos = getattr(args, "encoder_learned_pos", False)
 
 

@@ -203,8 +203,9 @@ def add_floater_args(group):
     group.add_argument("--pe-floater-bound", type=float, metavar="B",
                        help="bound h's output: h = B·tanh(h̃/B), so the positions move at most B·Δt per coordinate and "
                             "position, and grow at most linearly past the training lengths instead of exponentially. "
-                            "Default 1 for --pe-absolute floater, 0.1 with --pe-floater-bias (for both forms "
-                            "together); 0: unbounded, the paper's h (README: FLOATER, bounded positions)")
+                            "Default for --pe-absolute floater: 1 (transformer_pe), 0.02 (roberta_pe, whose token "
+                            "embeddings are 50x smaller); 0.1 with --pe-floater-bias (for both forms together); "
+                            "0: unbounded, the paper's h (README: FLOATER, bounded positions)")
     group.add_argument("--pe-floater-refresh-updates", type=int, metavar="N",
                        help="solve the ODE with a gradient once every N updates and reuse the solution, "
                             "without gradient to the dynamics, in between (the official code: 400). "
@@ -254,14 +255,23 @@ def uses_floater(args) -> bool:
 #: --pe-floater-bound's default, per form (measured on the quickstart: README, bounded positions): the
 #: absolute form moves its positions up to B·Δt = 0.1 per coordinate and position, the Q/K/V biases 0.01
 BOUND_DEFAULTS = {"absolute": 1.0, "bias": 0.1}
+#: roberta_pe's: its token embeddings are N(0, 0.02²) and unscaled, 50x smaller per coordinate than
+#: transformer_pe's (N(0, 1/D) times √D), so the absolute form's bound shrinks by the same 50 (B = 0.02 is to
+#: BERT's tokens what B = 1 is to the transformer's); with B = 1 the positions of the BERT CPU run reached a norm of
+#: 145 at position 128, against 0.23 for a token, the imbalance of the unscaled sinusoids (README, BERT on CPU).
+#: The Q/K/V biases add to the attention's projections, the same size in both models: 0.1 in both
+ROBERTA_BOUND_DEFAULTS = {"absolute": 0.02, "bias": 0.1}
 
 
-def floater_defaults(args):
+def floater_defaults(args, bounds=None):
+    """Fill in the ``--pe-floater-*`` defaults; ``bounds``: the model's defaults of ``--pe-floater-bound`` per form
+    (:data:`BOUND_DEFAULTS`, transformer_pe's, when None; roberta_pe: :data:`ROBERTA_BOUND_DEFAULTS`)."""
+    bounds = BOUND_DEFAULTS if bounds is None else bounds
     for name, default in FLOATER_DEFAULTS.items():
         if getattr(args, name, None) is None:
             setattr(args, name, default)
     if args.pe_floater_bound is None and uses_floater(args) and args.pe_floater_dynamics == "ode":
-        args.pe_floater_bound = BOUND_DEFAULTS["bias" if args.pe_floater_bias else "absolute"]
+        args.pe_floater_bound = bounds["bias" if args.pe_floater_bias else "absolute"]
     if args.pe_floater_dynamics != "ode":
         args.pe_floater_rnn_input = option(args, "pe_floater_rnn_input", "scalar")
         args.pe_floater_rnn_layers = option(args, "pe_floater_rnn_layers", 1)

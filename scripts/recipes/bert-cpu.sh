@@ -17,6 +17,8 @@
 # Environment: OUT (default ./bert-cpu), SHARED (../shared/data), SYSTEMS (subset of the names below),
 #   EXTRA_SYSTEMS (more systems: lines "NAME FLAGS..."),
 #   SEEDS (space-separated, default "1"; e.g. SEEDS="1 2 3"), JOBS (pipelines run at once, default 1),
+#   FINETUNE (the fine-tunings after pretraining, default "sst2 squad"; e.g. FINETUNE=sst2 skips SQuAD,
+#   whose columns then count only the seeds that have it),
 #   PRETRAIN_UPDATES (1200), SST2_UPDATES (600), SQUAD_UPDATES (600), DEV_EVERY (5), VOCAB (8000),
 #   DRY_RUN=1 (print the commands only), PYTHON.
 set -euo pipefail
@@ -32,6 +34,10 @@ VOCAB=${VOCAB:-8000}
 DEV_EVERY=${DEV_EVERY:-5}
 JOBS=${JOBS:-1}
 DRY_RUN=${DRY_RUN:-0}
+FINETUNE=${FINETUNE-sst2 squad}
+for t in $FINETUNE; do
+  [[ $t == sst2 || $t == squad ]] || { echo "bert-cpu.sh: unknown fine-tuning '$t' in FINETUNE; choose from: sst2 squad" >&2; exit 2; }
+done
 PLUGIN=$REPO/fairseq_pe
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PYTHONUNBUFFERED=1
 
@@ -99,7 +105,7 @@ pipeline() {  # pipeline NAME SEED: the runs of one encoding and seed, in folder
       --total-num-update "$PRETRAIN_UPDATES" --max-update "$PRETRAIN_UPDATES" --batch-size 32 --save-dir "pt-$tag"
     [[ $DRY_RUN == 1 ]] || touch "pt-$tag/train.done"
   fi
-  if [[ ! -f sst2-$tag.json ]]; then
+  if [[ " $FINETUNE " == *" sst2 "* && ! -f sst2-$tag.json ]]; then
     local task_args
     task_args=$("$PYTHON" -c 'import json,sys; print(" ".join(json.load(open(sys.argv[1]))["fairseq_train_args"]))' \
       glue/SST-2-bin/task.json 2>/dev/null || echo "--task sentence_prediction --num-classes 2 (from task.json)")
@@ -111,7 +117,7 @@ pipeline() {  # pipeline NAME SEED: the runs of one encoding and seed, in folder
     run "sst2-$tag.eval.log" fairseq-pe-glue-eval glue/SST-2-bin --path "sst2-$tag/checkpoint_last.pt" \
       --user-dir "$PLUGIN" --split valid --cpu --quiet --out "sst2-$tag" --force
   fi
-  if [[ ! -f squad-$tag.scores.json ]]; then
+  if [[ " $FINETUNE " == *" squad "* && ! -f squad-$tag.scores.json ]]; then
     run "squad-$tag.log" fairseq-train squad-bin --task span_prediction --criterion span_prediction "${common[@]}" \
       --max-positions 512 --restore-file "pt-$tag/checkpoint_last.pt" --reset-optimizer --reset-dataloader \
       --reset-meters --lr 3e-4 --warmup-updates $((SQUAD_UPDATES * 6 / 100 + 1)) --total-num-update "$SQUAD_UPDATES" --max-update "$SQUAD_UPDATES" \

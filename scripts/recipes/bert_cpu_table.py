@@ -2,7 +2,8 @@
 dev EM/F1, and SQuAD F1 by where the gold answer starts in the model's input (positions < 128 were
 seen in pretraining at 128 tokens, the others were not: Wang et al. §4.2, Fig. 1).
 
-Each score is the mean ± standard deviation over the recipe's seeds (``--seeds``; files ``NAME-sSEED``).
+Each score is the mean ± standard deviation over the recipe's seeds (``--seeds``; files ``NAME-sSEED``); a score
+that only some seeds have (FINETUNE=sst2 in the others) says which.
 Writes OUT/results.md, OUT/results.json and OUT/results.png.
 """
 
@@ -55,10 +56,14 @@ def f1_by_bucket(dataset, predictions, positions):
     return {name: (100.0 * sums[name] / counts[name] if counts[name] else None, counts[name]) for _, _, name in BUCKETS}
 
 
-def fmt(v, digits=1, sd=None):
+def fmt(v, digits=1, sd=None, seeds=None):
+    """``v ± sd``; ``seeds``: the seeds behind it when they are not all of the table's (e.g. ``(seed 1)``)."""
     if v is None:
         return "-"
-    return f"{v:.{digits}f}" + (f" ± {sd:.{digits}f}" if sd is not None else "")
+    text = f"{v:.{digits}f}" + (f" ± {sd:.{digits}f}" if sd is not None else "")
+    if seeds:
+        text += f" (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))})"
+    return text
 
 
 def seed_row(out, dataset, positions, tag):
@@ -88,14 +93,17 @@ COLUMNS = ([("mlm_valid_loss", "MLM valid loss (bits)", 3), ("sst2_accuracy", "S
 
 
 def combine_seeds(name, flags, runs):
-    """Mean and sample standard deviation over the seeds of every score (a score missing in a seed: None)."""
+    """Mean and sample standard deviation over the seeds of every score.  A score that some seeds lack (e.g.
+    SQuAD, fine-tuned with FINETUNE=sst2 in seeds 2 and 3) is combined over the seeds that have it, and
+    ``KEY_seeds`` lists them (None when every seed has it); a score no seed has is None."""
     row = {"system": name, "flags": flags, "seeds": {str(seed): r for seed, r in runs.items()}}
     for key, _, _ in COLUMNS:
-        values = [r.get(key) for r in runs.values()]
-        if any(v is None for v in values):
-            row[key], row[key + "_sd"] = None, None
-        else:
-            row[key], row[key + "_sd"] = mean_sd(values)
+        present = [(seed, r[key]) for seed, r in runs.items() if r.get(key) is not None]
+        if not present:
+            row[key], row[key + "_sd"], row[key + "_seeds"] = None, None, None
+            continue
+        row[key], row[key + "_sd"] = mean_sd([v for _, v in present])
+        row[key + "_seeds"] = [seed for seed, _ in present] if len(present) < len(runs) else None
     return row
 
 
@@ -122,7 +130,7 @@ def main():
     lines = [spread, "", header, "|" + "---|" * (2 + len(COLUMNS))]
     for r in rows:
         lines.append(f"| {r['system']} | `{r['flags']}` | "
-                     + " | ".join(fmt(r[key], digits, r[key + "_sd"]) for key, _, digits in COLUMNS) + " |")
+                     + " | ".join(fmt(r[key], digits, r[key + "_sd"], r[key + "_seeds"]) for key, _, digits in COLUMNS) + " |")
     counts = next((run["squad_questions_by_answer_start"] for r in rows for run in r["seeds"].values()
                    if "squad_questions_by_answer_start" in run), None)
     if counts:
