@@ -63,3 +63,28 @@ def test_bert_cpu_table_combines_its_seeds():
     assert table.fmt(row["sst2_accuracy"], 1, row["sst2_accuracy_sd"], row["sst2_accuracy_seeds"]) == \
         "75.0 ± 7.1 (seeds 1, 2)"
     assert table.fmt(9.27, 1, None, [1]) == "9.3 (seed 1)"
+
+
+def test_bert_cpu_table_refuses_seeds_of_different_options(tmp_path):
+    import argparse
+    import importlib.util
+    import os
+
+    import torch
+
+    from helpers import REPO
+
+    spec = importlib.util.spec_from_file_location("bert_cpu_table",
+                                                  os.path.join(REPO, "scripts", "recipes", "bert_cpu_table.py"))
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    for seed, bound in ((1, 1.0), (2, 0.02), (3, 0.02)):
+        (tmp_path / f"pt-floater-s{seed}").mkdir()
+        model = argparse.Namespace(arch="roberta_pe_tiny", pe_absolute="floater", pe_floater_bound=bound, lr=[1e-3])
+        torch.save({"cfg": {"model": model}}, tmp_path / f"pt-floater-s{seed}" / "checkpoint_last.pt")
+    configs = {seed: table.encoding_config(str(tmp_path), f"floater-s{seed}") for seed in (1, 2, 3, 4)}
+    assert configs[4] is None and configs[2] == {"arch": "roberta_pe_tiny", "pe_absolute": "floater",
+                                                 "pe_floater_bound": 0.02}
+    assert table.check_same_config("floater", {2: configs[2], 3: configs[3], 4: None}) == configs[2]
+    with pytest.raises(SystemExit, match=r"pe_floater_bound: 1\.0 in seed 1, 0\.02 in seed 2.*pt-floater-sSEED"):
+        table.check_same_config("floater", configs)

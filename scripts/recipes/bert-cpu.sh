@@ -11,7 +11,9 @@
 #     gold answer starts (< 128: positions seen in pretraining; >= 128: not seen).
 # Every pipeline runs once per seed of SEEDS (pretraining and fine-tunings with that seed); the table gives
 # mean ± standard deviation over the seeds, or says that it has one seed.
-# Outputs: OUT/results.{md,json,png}.  Every step is skipped when its output exists (rerun to resume).
+# Outputs: OUT/results.{md,json,png}.  Every step is skipped when its output exists (rerun to resume); the table
+# refuses to combine the seeds of a system whose checkpoints hold different resolved --pe-* options (a run left
+# from other defaults or code), naming the option and the files to remove.
 #
 # Usage: scripts/recipes/bert-cpu.sh            (about 2 h per seed on 2 CPU cores with JOBS=2)
 # Environment: OUT (default ./bert-cpu), SHARED (../shared/data), SYSTEMS (subset of the names below),

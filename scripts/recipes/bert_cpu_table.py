@@ -4,7 +4,9 @@ seen in pretraining at 128 tokens, the others were not: Wang et al. §4.2, Fig. 
 
 Each score is the mean ± standard deviation over the recipe's seeds (``--seeds``; files ``NAME-sSEED``); a score
 that only some seeds have (FINETUNE=sst2 in the others) says which.
-Writes OUT/results.md, OUT/results.json and OUT/results.png.
+Writes OUT/results.md, OUT/results.json (with each system's resolved ``--pe-*`` options, read from its checkpoints)
+and OUT/results.png.  Seeds of a system pretrained under different resolved options (a run left over from other
+defaults) are refused, never combined.
 """
 
 import argparse
@@ -92,6 +94,38 @@ COLUMNS = ([("mlm_valid_loss", "MLM valid loss (bits)", 3), ("sst2_accuracy", "S
            + [(f"squad_f1_at_{name}", f"F1, answer at {name}", 1) for _, _, name in BUCKETS])
 
 
+def encoding_config(out, tag):
+    """The resolved ``--pe-*`` options (defaults included) a pretraining run was made with, from its checkpoint;
+    None before the run exists."""
+    path = os.path.join(out, f"pt-{tag}", "checkpoint_last.pt")
+    if not os.path.exists(path):
+        return None
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=False)  # the recipe's own checkpoints
+    cfg = state.get("cfg")
+    model = cfg["model"] if cfg is not None else state["args"]
+    return {k: v for k, v in sorted(vars(model).items()) if k.startswith("pe_") or k == "arch"}
+
+
+def check_same_config(name, configs):
+    """Refuse to combine the seeds of a system whose pretraining ran under different resolved options (e.g. a run
+    left over from before a change of defaults): the message names the option and the run to remove."""
+    known = {seed: c for seed, c in configs.items() if c is not None}
+    if not known:
+        return None
+    first_seed, first = next(iter(known.items()))
+    for seed, config in known.items():
+        differing = sorted(k for k in set(first) | set(config) if first.get(k) != config.get(k))
+        if differing:
+            what = ", ".join(f"{k}: {first.get(k)!r} in seed {first_seed}, {config.get(k)!r} in seed {seed}"
+                             for k in differing)
+            raise SystemExit(f"bert_cpu_table.py: the runs of '{name}' were made with different options ({what}); "
+                             f"a run is left from other defaults or code: remove the stale seed's files "
+                             f"(pt-{name}-sSEED*, sst2-{name}-sSEED*, squad-{name}-sSEED*) and rerun the recipe")
+    return first
+
+
 def combine_seeds(name, flags, runs):
     """Mean and sample standard deviation over the seeds of every score.  A score that some seeds lack (e.g.
     SQuAD, fine-tuned with FINETUNE=sst2 in seeds 2 and 3) is combined over the seeds that have it, and
@@ -119,9 +153,13 @@ def main():
         dataset = json.load(f)["data"]
     positions = answer_positions(os.path.join(args.out, "squad-bin"))
     systems = dict(s.partition("=")[::2] for s in args.systems)
-    rows = [combine_seeds(name, flags, {seed: seed_row(args.out, dataset, positions, f"{name}-s{seed}")
-                                        for seed in args.seeds})
-            for name, flags in systems.items()]
+    rows = []
+    for name, flags in systems.items():
+        row = combine_seeds(name, flags, {seed: seed_row(args.out, dataset, positions, f"{name}-s{seed}")
+                                          for seed in args.seeds})
+        row["config"] = check_same_config(name, {seed: encoding_config(args.out, f"{name}-s{seed}")
+                                                 for seed in args.seeds})
+        rows.append(row)
     if len(args.seeds) > 1:
         spread = f"mean ± standard deviation over {len(args.seeds)} seeds ({', '.join(map(str, args.seeds))})"
     else:
