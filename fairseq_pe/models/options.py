@@ -2,7 +2,7 @@
 
 from fairseq_pe.errors import UserError, as_user_errors
 from fairseq_pe.positional import position_encoding_choices
-from fairseq_pe.positional.floater import add_floater_args, floater_defaults, validate_floater_args
+from fairseq_pe.positional.floater import BOUND_DEFAULTS, add_floater_args, floater_defaults, validate_floater_args
 from fairseq_pe.positional.sinusoid_scale import (TRANSFORMER_DEFAULTS, add_sinusoid_scale_args,
                                                   sinusoid_scale_defaults, validate_sinusoid_scale_args)
 
@@ -59,7 +59,7 @@ RELATIVE_FAMILY_OPTIONS = [
 ]
 
 
-def position_encoding_defaults(args, sinusoid_scales=TRANSFORMER_DEFAULTS, floater_bounds=None):
+def position_encoding_defaults(args, sinusoid_scales=TRANSFORMER_DEFAULTS, floater_bounds=BOUND_DEFAULTS):
     """Fill in the defaults of the ``--pe-*`` options (called from architecture functions);
     ``sinusoid_scales``: the model's defaults of the sinusoids' scales (:mod:`~fairseq_pe.positional.sinusoid_scale`);
     ``floater_bounds``: its defaults of ``--pe-floater-bound`` (:func:`~fairseq_pe.positional.floater.floater_defaults`)."""

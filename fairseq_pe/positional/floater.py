@@ -263,10 +263,9 @@ BOUND_DEFAULTS = {"absolute": 1.0, "bias": 0.1}
 ROBERTA_BOUND_DEFAULTS = {"absolute": 0.02, "bias": 0.1}
 
 
-def floater_defaults(args, bounds=None):
+def floater_defaults(args, bounds=BOUND_DEFAULTS):
     """Fill in the ``--pe-floater-*`` defaults; ``bounds``: the model's defaults of ``--pe-floater-bound`` per form
-    (:data:`BOUND_DEFAULTS`, transformer_pe's, when None; roberta_pe: :data:`ROBERTA_BOUND_DEFAULTS`)."""
-    bounds = BOUND_DEFAULTS if bounds is None else bounds
+    (:data:`BOUND_DEFAULTS`, transformer_pe's; roberta_pe: :data:`ROBERTA_BOUND_DEFAULTS`)."""
     for name, default in FLOATER_DEFAULTS.items():
         if getattr(args, name, None) is None:
             setattr(args, name, default)
