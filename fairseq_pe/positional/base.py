@@ -206,6 +206,8 @@ class RelativePositionEncoding(nn.Module):
     #: what ``--pe-relative-untie-layers`` / ``--pe-relative-untie-heads`` can untie ("layers", "heads"):
     #: a family without parameters per layer or head refuses the flags (they would change nothing)
     untiable = ()
+    #: what the encoding has separately per layer or head always (the untie flags are then refused as such)
+    already_untied = ()
     #: whether the encoding has query-dependent terms (``logit_terms``, ``value_terms``)
     query_terms = False
 
@@ -213,8 +215,10 @@ class RelativePositionEncoding(nn.Module):
         super().__init__()
         for what in ("layers", "heads"):
             if getattr(args, f"pe_relative_untie_{what}", False) and what not in self.untiable:
+                why = (f"its parameters are per {what[:-1]} already" if what in self.already_untied
+                       else f"it has no parameters per {what[:-1]} to untie")
                 raise UserError(f"--pe-relative-untie-{what} has no effect with --pe-relative {self.registry_name} "
-                                f"(it has no parameters per {what[:-1]} to untie); remove it")
+                                f"({why}); remove it")
         if embed_dim % num_heads != 0:
             raise UserError(f"--pe-relative needs the embedding dimension ({embed_dim}) to be a multiple "
                              f"of the number of attention heads ({num_heads})")
