@@ -88,6 +88,8 @@ WARM_STARTED = {"floater-warm": (["--pe-absolute", "sinusoidal"], 0.5)}
 NAMED_SYSTEMS = {
     **DEFAULT_SYSTEMS,
     "ape-sin+rpe-learned": ["--pe-absolute", "sinusoidal", "--pe-relative", "learned"],  # Shaw et al. 2018
+    "kerple-log": ["--pe-absolute", "none", "--pe-relative", "kerple-log"],  # Chi et al. 2022
+    "kerple-power": ["--pe-absolute", "none", "--pe-relative", "kerple-power"],
 }
 
 _print_lock = threading.Lock()

@@ -19,6 +19,8 @@ ENCODINGS = {
     "rope": ["--pe-absolute", "none", "--pe-relative", "rope"],
     "alibi": ["--pe-absolute", "none", "--pe-relative", "alibi"],
     "t5": ["--pe-absolute", "none", "--pe-relative", "t5"],
+    "kerple-log": ["--pe-absolute", "none", "--pe-relative", "kerple-log"],
+    "kerple-power": ["--pe-absolute", "none", "--pe-relative", "kerple-power"],
     "rpe-learned": ["--pe-absolute", "none", "--pe-relative", "learned", "--pe-relative-max-distance", "4"],
     "rpe-sinusoidal": ["--pe-absolute", "none", "--pe-relative", "sinusoidal", "--pe-relative-max-distance", "4"],
     "rpe-learnable-sin": ["--pe-absolute", "none", "--pe-relative", "learnable-sinusoidal"],

@@ -28,6 +28,7 @@ ENCODINGS = [
     ["--pe-absolute", "none", "--pe-relative", "rope"],
     ["--pe-absolute", "none", "--pe-relative", "alibi"],
     ["--pe-absolute", "none", "--pe-relative", "t5"],
+    ["--pe-absolute", "none", "--pe-relative", "kerple-log"],
     ["--pe-absolute", "floater", "--pe-all-blocks"],
     ["--pe-floater-bias"],
 ]
