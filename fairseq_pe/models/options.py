@@ -44,6 +44,12 @@ def add_position_encoding_args(parser):
         "--pe-relative-untie-heads", action="store_true",
         help="learned/learnable-sinusoidal RPE: a separate set per attention head instead of one shared by all heads",
     )
+    group.add_argument("--pe-rope-scaling", choices=["none", "linear", "ntk"],
+                       help="rope: context extension, also at generation time through --model-overrides: linear "
+                            "(Position Interpolation, positions / factor) or ntk (NTK-aware: base 10000 x "
+                            "factor^(d/(d-2))). Default: none")
+    group.add_argument("--pe-rope-scaling-factor", type=float, metavar="S",
+                       help="rope: the factor of --pe-rope-scaling (>= 1: the length to reach over the training length)")
     group.add_argument("--pe-t5-num-buckets", type=int, help="t5: number of distance buckets (default 32)")
     group.add_argument("--pe-t5-max-distance", type=int,
                        help="t5: distance where the last (logarithmic) bucket starts (default 128)")
@@ -54,6 +60,8 @@ def add_position_encoding_args(parser):
 # options that belong to one family of relative encodings: (option, families, default)
 RELATIVE_FAMILY_OPTIONS = [
     ("pe_relative_max_distance", ("learned", "sinusoidal", "learnable-sinusoidal"), 64),
+    ("pe_rope_scaling", ("rope",), "none"),
+    ("pe_rope_scaling_factor", ("rope",), None),
     ("pe_t5_num_buckets", ("t5",), 32),
     ("pe_t5_max_distance", ("t5",), 128),
 ]
