@@ -44,10 +44,13 @@ def add_position_encoding_args(parser):
         "--pe-relative-untie-heads", action="store_true",
         help="learned/learnable-sinusoidal RPE: a separate set per attention head instead of one shared by all heads",
     )
-    group.add_argument("--pe-rope-scaling", choices=["none", "linear", "ntk"],
+    group.add_argument("--pe-rope-scaling", choices=["none", "linear", "ntk", "yarn"],
                        help="rope: context extension, also at generation time through --model-overrides: linear "
-                            "(Position Interpolation, positions / factor) or ntk (NTK-aware: base 10000 x "
-                            "factor^(d/(d-2))). Default: none")
+                            "(Position Interpolation, positions / factor), ntk (NTK-aware: base 10000 x "
+                            "factor^(d/(d-2))) or yarn (YaRN: NTK-by-parts and attention temperature; needs "
+                            "--pe-rope-scaling-original-length). Default: none")
+    group.add_argument("--pe-rope-scaling-original-length", type=int, metavar="N",
+                       help="rope with --pe-rope-scaling yarn: the longest sequence the model was trained on")
     group.add_argument("--pe-rope-scaling-factor", type=float, metavar="S",
                        help="rope: the factor of --pe-rope-scaling (>= 1: the length to reach over the training length)")
     group.add_argument("--pe-t5-num-buckets", type=int, help="t5: number of distance buckets (default 32)")
@@ -62,6 +65,7 @@ RELATIVE_FAMILY_OPTIONS = [
     ("pe_relative_max_distance", ("learned", "sinusoidal", "learnable-sinusoidal"), 64),
     ("pe_rope_scaling", ("rope",), "none"),
     ("pe_rope_scaling_factor", ("rope",), None),
+    ("pe_rope_scaling_original_length", ("rope",), None),
     ("pe_t5_num_buckets", ("t5",), 32),
     ("pe_t5_max_distance", ("t5",), 128),
 ]

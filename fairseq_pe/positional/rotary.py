@@ -13,35 +13,73 @@ checkpoint at generation time (``--model-overrides "{'pe_rope_scaling': 'ntk', '
 
 * ``linear``: Position Interpolation (Chen et al. 2023), R(m/s): positions are divided by s;
 * ``ntk``: NTK-aware scaling (bloc97 2023): the base 10000 becomes 10000·s^(d/(d−2)), which stretches the
-  low frequencies by about s and leaves the highest one unchanged.
+  low frequencies by about s and leaves the highest one unchanged;
+* ``yarn``: YaRN (Peng et al. 2023, §3.2–3.4, "NTK-by-parts" plus temperature).  With the training length L
+  (``--pe-rope-scaling-original-length``) and r_i = L/λ_i the number of turns of frequency θ_i (wavelength
+  λ_i = 2π/θ_i) within it, θ'_i = (1 − γ(r_i))·θ_i/s + γ(r_i)·θ_i, where the ramp γ is 0 below α = 1 turn
+  (interpolated, as PI), 1 above β = 32 turns (kept) and linear in the dimension index between (the reference
+  implementation's rounding of the boundaries); the attention logits are multiplied by 1/t with
+  √(1/t) = 0.1·ln s + 1 (queries and keys each times √(1/t)).
 
 The frequencies are a function of these options only.  The library keeps them as a (frozen) parameter,
 so checkpoints hold a copy; loading ignores it and keeps the model's own (:meth:`_load_from_state_dict`),
 so that a scaling given at load time is not overwritten by the unscaled copy.
 """
 
+import math
+
+import torch
 from rotary_embedding_torch import RotaryEmbedding
 
 from fairseq_pe.errors import UserError
 
 from .base import Float32State, RelativePositionEncoding, register_position_encoding
 
-SCALINGS = ("none", "linear", "ntk")
+SCALINGS = ("none", "linear", "ntk", "yarn")
+#: YaRN's α and β: frequencies with fewer than α turns in the training length are interpolated, more than β kept
+YARN_ALPHA, YARN_BETA = 1.0, 32.0
+
+
+def yarn_frequencies(dim: int, factor: float, original_length: int, base: float = 10000.0) -> torch.Tensor:
+    """θ'_i of YaRN's NTK-by-parts interpolation (module docstring), float32."""
+    theta = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+    def index_with_turns(turns):  # the (fractional) dimension index i where L/λ_i = turns
+        return dim * math.log(original_length / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(index_with_turns(YARN_BETA)), 0)
+    high = min(math.ceil(index_with_turns(YARN_ALPHA)), dim - 1)
+    if high <= low:
+        high = low + 1e-3
+    interpolated = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    return (theta * (1 - interpolated) + theta / factor * interpolated).float()
+
+
+def yarn_scale(factor: float) -> float:
+    """√(1/t) = 0.1·ln s + 1: each of queries and keys is multiplied by it."""
+    return 0.1 * math.log(factor) + 1.0
 
 
 def rope_scaling(args):
     """(kind, factor) from the model's options; ("none", 1) without them."""
     kind = getattr(args, "pe_rope_scaling", None) or "none"
     factor = getattr(args, "pe_rope_scaling_factor", None)
+    length = getattr(args, "pe_rope_scaling_original_length", None)
     if kind not in SCALINGS:
         raise UserError(f"--pe-rope-scaling {kind!r}: choose one of {', '.join(SCALINGS)}")
     if kind == "none":
         if factor is not None:
-            raise UserError("--pe-rope-scaling-factor needs --pe-rope-scaling linear or ntk; remove it or add one")
+            raise UserError("--pe-rope-scaling-factor needs --pe-rope-scaling linear, ntk or yarn; remove it or add one")
         return kind, 1.0
     if factor is None or not factor >= 1:
         raise UserError(f"--pe-rope-scaling {kind} needs --pe-rope-scaling-factor of at least 1 (the ratio of the "
                         f"length to reach to the training length), got {factor}")
+    if kind == "yarn" and (length is None or length < 1):
+        raise UserError("--pe-rope-scaling yarn needs --pe-rope-scaling-original-length N, the longest sequence "
+                        f"the model was trained on (in tokens), got {length}")
+    if kind != "yarn" and length is not None:
+        raise UserError(f"--pe-rope-scaling-original-length is used by --pe-rope-scaling yarn only, not {kind}; "
+                        "remove it")
     return kind, float(factor)
 
 
@@ -52,14 +90,20 @@ class RotaryPositionEncoding(Float32State, RelativePositionEncoding):
         if self.head_dim % 2:
             raise ValueError(f"--pe-relative rope needs an even head dimension, got {self.head_dim}")
         self.scaling, self.factor = rope_scaling(args)
-        self.rotary = RotaryEmbedding(dim=self.head_dim,
-                                      interpolate_factor=self.factor if self.scaling == "linear" else 1.0,
-                                      theta_rescale_factor=self.factor if self.scaling == "ntk" else 1.0)
+        yarn = self.scaling == "yarn"
+        self.rotary = RotaryEmbedding(
+            dim=self.head_dim,
+            custom_freqs=yarn_frequencies(self.head_dim, self.factor, args.pe_rope_scaling_original_length)
+            if yarn else None,
+            interpolate_factor=self.factor if self.scaling == "linear" else 1.0,
+            theta_rescale_factor=self.factor if self.scaling == "ntk" else 1.0)
+        self.qk_scale = yarn_scale(self.factor) if yarn else 1.0
 
     def rotate(self, q, k, query_offset, block):
         # q, k: (..., T, d); new keys sit at the same indices as the queries
-        rotated_q = self.rotary.rotate_queries_or_keys(q.float(), offset=query_offset).to(q.dtype)
-        rotated_k = self.rotary.rotate_queries_or_keys(k.float(), offset=query_offset).to(k.dtype)
+        rotate = self.rotary.rotate_queries_or_keys
+        rotated_q = rotate(q.float(), offset=query_offset, scale=self.qk_scale).to(q.dtype)
+        rotated_k = rotate(k.float(), offset=query_offset, scale=self.qk_scale).to(k.dtype)
         return rotated_q, rotated_k
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
