@@ -114,3 +114,44 @@ class RotaryPositionEncoding(Float32State, RelativePositionEncoding):
             state_dict[key] = self.rotary.freqs.detach().clone()
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+
+
+#: xPos's γ and B (Sun et al. 2022, §3.2: ζ_i = (2i/d + γ)/(1 + γ), scale base B = 512)
+XPOS_GAMMA, XPOS_SCALE_BASE = 0.4, 512.0
+
+
+@register_position_encoding("relative", "xpos")
+class XposPositionEncoding(RotaryPositionEncoding):
+    """xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer", Eq. 9–10): RoPE whose query at position n
+    and key at position m are also scaled per frequency pair i, q_n·ζ_i^(n/B) and k_m·ζ_i^(−m/B), so that their
+    product carries ζ_i^((n−m)/B), an exponential decay with the distance, faster for the high frequencies
+    (ζ_i = (2i/d + 0.4)/1.4 < 1, B = 512).
+
+    It is defined for causal attention (n ≥ m): the decoder's self-attention.  In the encoder the same
+    factor would grow without bound towards the keys to the right of a query (n − m < 0), and a symmetric
+    ζ^(|n−m|/B) cannot be split into a query and a key factor, so the encoder uses plain RoPE.  The scales use
+    absolute positions (not centred on the sequence as in torchscale, which re-rotates its whole key cache at
+    every step): cached keys keep their scale, so step-by-step decoding equals the full pass.  In float32
+    that bounds the length: ζ_0^(−m/B) overflows near m = 35,000; longer sequences are refused, never clamped.
+    """
+
+    def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
+        super().__init__(embed_dim, num_heads, num_blocks, causal, args)
+        d = self.head_dim
+        zeta = (torch.arange(0, d, 2, dtype=torch.float64) / d + XPOS_GAMMA) / (1 + XPOS_GAMMA)
+        # per dimension, as the library lays out its rotation pairs (each frequency on two adjacent dimensions)
+        self.register_buffer("log_zeta", zeta.log().float().repeat_interleave(2), persistent=False)
+        self.max_length = int(80 / (-float(zeta.log().min())) * XPOS_SCALE_BASE)  # |exponent| <= 80 < ln(3.4e38)
+
+    def rotate(self, q, k, query_offset, block):
+        q, k = super().rotate(q, k, query_offset, block)
+        if not self.causal:
+            return q, k
+        length = q.size(-2)
+        last = query_offset + length - 1
+        if last >= self.max_length:
+            raise UserError(f"--pe-relative xpos: position {last} is beyond the {self.max_length} positions whose "
+                            "scales float32 can hold; use --pe-relative rope for longer sequences")
+        positions = torch.arange(query_offset, query_offset + length, device=q.device, dtype=torch.float32)
+        exponent = positions.unsqueeze(-1) / XPOS_SCALE_BASE * self.log_zeta  # (T, d)
+        return (q.float() * exponent.exp()).to(q.dtype), (k.float() * (-exponent).exp()).to(k.dtype)
