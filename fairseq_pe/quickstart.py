@@ -90,6 +90,7 @@ NAMED_SYSTEMS = {
     "ape-sin+rpe-learned": ["--pe-absolute", "sinusoidal", "--pe-relative", "learned"],  # Shaw et al. 2018
     "kerple-log": ["--pe-absolute", "none", "--pe-relative", "kerple-log"],  # Chi et al. 2022
     "kerple-power": ["--pe-absolute", "none", "--pe-relative", "kerple-power"],
+    "xpos": ["--pe-absolute", "none", "--pe-relative", "xpos"],  # Sun et al. 2022
 }
 
 _print_lock = threading.Lock()

@@ -21,6 +21,7 @@ ENCODINGS = {
     "t5": ["--pe-absolute", "none", "--pe-relative", "t5"],
     "kerple-log": ["--pe-absolute", "none", "--pe-relative", "kerple-log"],
     "kerple-power": ["--pe-absolute", "none", "--pe-relative", "kerple-power"],
+    "xpos": ["--pe-absolute", "none", "--pe-relative", "xpos"],
     "rpe-learned": ["--pe-absolute", "none", "--pe-relative", "learned", "--pe-relative-max-distance", "4"],
     "rpe-sinusoidal": ["--pe-absolute", "none", "--pe-relative", "sinusoidal", "--pe-relative-max-distance", "4"],
     "rpe-learnable-sin": ["--pe-absolute", "none", "--pe-relative", "learnable-sinusoidal"],
