@@ -22,6 +22,7 @@ ENCODINGS = {
     "kerple-log": ["--pe-absolute", "none", "--pe-relative", "kerple-log"],
     "kerple-power": ["--pe-absolute", "none", "--pe-relative", "kerple-power"],
     "xpos": ["--pe-absolute", "none", "--pe-relative", "xpos"],
+    "sandwich": ["--pe-absolute", "none", "--pe-relative", "sandwich"],
     "rpe-learned": ["--pe-absolute", "none", "--pe-relative", "learned", "--pe-relative-max-distance", "4"],
     "rpe-sinusoidal": ["--pe-absolute", "none", "--pe-relative", "sinusoidal", "--pe-relative-max-distance", "4"],
     "rpe-learnable-sin": ["--pe-absolute", "none", "--pe-relative", "learnable-sinusoidal"],

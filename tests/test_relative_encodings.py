@@ -14,7 +14,7 @@ from fairseq_pe.positional.t5_bias import t5_bucket
 
 from helpers import assert_incremental_equals_full, build_model, random_tokens
 
-RELATIVE = ["learned", "sinusoidal", "learnable-sinusoidal", "rope", "alibi", "t5", "kerple-log", "kerple-power", "xpos"]
+RELATIVE = ["learned", "sinusoidal", "learnable-sinusoidal", "rope", "alibi", "t5", "kerple-log", "kerple-power", "xpos", "sandwich"]
 SHAW_FAMILY = ["learned", "sinusoidal", "learnable-sinusoidal"]
 PAIRS = [(a, r) for a in ("learned", "learnable-sinusoidal") for r in SHAW_FAMILY]  # Wang et al. Table 2
 

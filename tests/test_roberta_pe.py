@@ -29,6 +29,7 @@ ENCODINGS = [
     ["--pe-absolute", "none", "--pe-relative", "alibi"],
     ["--pe-absolute", "none", "--pe-relative", "t5"],
     ["--pe-absolute", "none", "--pe-relative", "kerple-log"],
+    ["--pe-absolute", "none", "--pe-relative", "sandwich"],
     ["--pe-absolute", "floater", "--pe-all-blocks"],
     ["--pe-floater-bias"],
 ]
