@@ -91,6 +91,7 @@ NAMED_SYSTEMS = {
     "kerple-log": ["--pe-absolute", "none", "--pe-relative", "kerple-log"],  # Chi et al. 2022
     "kerple-power": ["--pe-absolute", "none", "--pe-relative", "kerple-power"],
     "xpos": ["--pe-absolute", "none", "--pe-relative", "xpos"],  # Sun et al. 2022
+    "sandwich": ["--pe-absolute", "none", "--pe-relative", "sandwich"],  # Chi et al. 2023
 }
 
 _print_lock = threading.Lock()

@@ -156,7 +156,7 @@ TARGETS = [
      "train_s": 1.02, f"encoder_{TARGET_LENGTH}": 1.10, "generate_s": 1.02},
     {"group": "FLOATER input and all blocks", "systems": ["floater", "floater-input"],
      "train_s": 1.08, f"encoder_{TARGET_LENGTH}": 1.20, "generate_s": 1.02},
-    {"group": "RoPE, ALiBi, T5, KERPLE", "systems": ["rope", "alibi", "t5", "kerple-*"],
+    {"group": "RoPE, ALiBi, T5, KERPLE, Sandwich, xPos", "systems": ["rope", "alibi", "t5", "kerple-*", "sandwich", "xpos"],
      "train_s": 1.08, f"encoder_{TARGET_LENGTH}": 1.5, "generate_s": 1.05},
     {"group": "Shaw, NEZHA, learnable-sin RPE", "systems": ["rpe-*"],
      "train_s": 1.20, f"encoder_{TARGET_LENGTH}": 2.0, "generate_s": 1.10},
