@@ -23,6 +23,7 @@ ENCODINGS = {
     "kerple-power": ["--pe-absolute", "none", "--pe-relative", "kerple-power"],
     "xpos": ["--pe-absolute", "none", "--pe-relative", "xpos"],
     "sandwich": ["--pe-absolute", "none", "--pe-relative", "sandwich"],
+    "fire": ["--pe-absolute", "none", "--pe-relative", "fire", "--pe-fire-threshold", "4"],
     "rpe-learned": ["--pe-absolute", "none", "--pe-relative", "learned", "--pe-relative-max-distance", "4"],
     "rpe-sinusoidal": ["--pe-absolute", "none", "--pe-relative", "sinusoidal", "--pe-relative-max-distance", "4"],
     "rpe-learnable-sin": ["--pe-absolute", "none", "--pe-relative", "learnable-sinusoidal"],

@@ -25,7 +25,7 @@ from fairseq_pe.synthetic import write_corpus
 from helpers import PLUGIN, cli
 
 ABSOLUTE = ["none", "learned", "sinusoidal", "learnable-sinusoidal"]
-RELATIVE = ["learned", "sinusoidal", "learnable-sinusoidal", "rope", "alibi", "t5", "kerple-log", "kerple-power", "xpos", "sandwich"]
+RELATIVE = ["learned", "sinusoidal", "learnable-sinusoidal", "rope", "alibi", "t5", "kerple-log", "kerple-power", "xpos", "sandwich", "fire"]
 # (absolute, --pe-all-blocks, relative, other flags)
 CONFIGS = (
     [(a, False, "none", ()) for a in ABSOLUTE + ["floater"]]

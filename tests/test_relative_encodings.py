@@ -14,7 +14,7 @@ from fairseq_pe.positional.t5_bias import t5_bucket
 
 from helpers import assert_incremental_equals_full, build_model, random_tokens
 
-RELATIVE = ["learned", "sinusoidal", "learnable-sinusoidal", "rope", "alibi", "t5", "kerple-log", "kerple-power", "xpos", "sandwich"]
+RELATIVE = ["learned", "sinusoidal", "learnable-sinusoidal", "rope", "alibi", "t5", "kerple-log", "kerple-power", "xpos", "sandwich", "fire"]
 SHAW_FAMILY = ["learned", "sinusoidal", "learnable-sinusoidal"]
 PAIRS = [(a, r) for a in ("learned", "learnable-sinusoidal") for r in SHAW_FAMILY]  # Wang et al. Table 2
 
@@ -203,7 +203,7 @@ def test_relative_encoding_makes_the_encoder_order_aware(relative):
     assert (out_perm - out[perm]).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("relative", ["learned", "learnable-sinusoidal", "t5", "kerple-log", "kerple-power"])
+@pytest.mark.parametrize("relative", ["learned", "learnable-sinusoidal", "t5", "kerple-log", "kerple-power", "fire"])
 def test_learnable_relative_parameters_get_gradients(relative):
     model, d = build_model(*model_flags("none", relative))
     model.train()

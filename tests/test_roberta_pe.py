@@ -30,6 +30,7 @@ ENCODINGS = [
     ["--pe-absolute", "none", "--pe-relative", "t5"],
     ["--pe-absolute", "none", "--pe-relative", "kerple-log"],
     ["--pe-absolute", "none", "--pe-relative", "sandwich"],
+    ["--pe-absolute", "none", "--pe-relative", "fire", "--pe-fire-threshold", "4"],
     ["--pe-absolute", "floater", "--pe-all-blocks"],
     ["--pe-floater-bias"],
 ]

@@ -49,13 +49,14 @@ BLOCK_ELEMENTS = 1 << 22
 def merged_mask(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], bias: Optional[Tensor],
                 bsz: int, tgt_len: int, src_len: int, dtype) -> Optional[Tensor]:
     """One additive float mask for SDPA, broadcastable to (B, H, T, S): fairseq's ``attn_mask`` (T, S),
-    the padding (B, S, True at padding) and a position bias (H, T, S).  Each keeps its own size
+    the padding (B, S, True at padding) and a position bias (H, T, S), or (B, H, T, S) for a bias per row.  Each keeps its own size
     ((1, 1, T, S), (B, 1, 1, S), (1, H, T, S)); the sum has the batch dimension only with padding."""
     mask = None
     if attn_mask is not None:
         mask = attn_mask.to(dtype).view(1, 1, tgt_len, src_len)
     if bias is not None:
-        bias = bias.to(dtype).unsqueeze(0)
+        bias = bias.to(dtype)
+        bias = bias.unsqueeze(0) if bias.dim() == 3 else bias  # (B, H, T, S): a bias per row (FIRE's offsets)
         mask = bias if mask is None else mask + bias
     if key_padding_mask is not None:
         padding = torch.zeros(bsz, 1, 1, src_len, dtype=dtype, device=key_padding_mask.device).masked_fill_(

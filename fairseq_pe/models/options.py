@@ -31,7 +31,7 @@ def add_position_encoding_args(parser):
         help="relative position encoding in encoder and decoder self-attention (not in "
              "cross-attention): none; learned (Shaw et al.); sinusoidal (NEZHA); "
              "learnable-sinusoidal (Wang et al.); rope; xpos; alibi; t5; kerple-log, kerple-power (KERPLE); "
-             "sandwich (README: relative encodings). Default: none",
+             "sandwich; fire (README: relative encodings). Default: none",
     )
     group.add_argument(
         "--pe-relative-max-distance", type=int, metavar="K",
@@ -57,6 +57,9 @@ def add_position_encoding_args(parser):
     group.add_argument("--pe-t5-num-buckets", type=int, help="t5: number of distance buckets (default 32)")
     group.add_argument("--pe-t5-max-distance", type=int,
                        help="t5: distance where the last (logarithmic) bucket starts (default 128)")
+    group.add_argument("--pe-fire-threshold", type=float, metavar="L0",
+                       help="fire: the initial threshold L of the normaliser ψ(max(i, L)); L = |λ|·L0 with λ learned "
+                            "from 1 (default 512, the paper's)")
     group.add_argument("--pe-sandwich-dim", type=int, metavar="D",
                        help="sandwich: the dimension d̄ of the sinusoids whose dot products give the bias (even; "
                             "default: the model's embedding dimension)")
@@ -72,7 +75,8 @@ RELATIVE_FAMILY_OPTIONS = [
     ("pe_rope_scaling_original_length", ("rope",), None),
     ("pe_t5_num_buckets", ("t5",), 32),
     ("pe_t5_max_distance", ("t5",), 128),
-    ("pe_sandwich_dim", ("sandwich",), None),  # None: the model's embedding dimension
+    ("pe_sandwich_dim", ("sandwich",), None),
+    ("pe_fire_threshold", ("fire",), 512.0),  # None: the model's embedding dimension
 ]
 
 

@@ -11,4 +11,4 @@ from .base import (  # noqa: F401
 from .injector import PositionInjector, token_positions  # noqa: F401
 
 # importing the families registers them
-from . import alibi, kerple, learned, relative_vectors, rotary, sandwich, sinusoidal, t5_bias  # noqa: F401,E402
+from . import alibi, fire, kerple, learned, relative_vectors, rotary, sandwich, sinusoidal, t5_bias  # noqa: F401,E402

@@ -187,8 +187,9 @@ class RelativePositionEncoding(nn.Module):
         out    = probs·v + value_terms(probs, T, S, query_offset, block)  (Shaw family: Σ_j α_ij a^V_{j−i})
 
     A method returning ``None`` contributes nothing.  ``position_bias`` is (H, T, S) and broadcasts
-    over the batch; ``logit_terms`` takes the scaled queries flattened to (B·H, T, d) and returns a
-    tensor that broadcasts to (B, H, T, S); ``value_terms`` takes (B·H, T, S) probabilities and
+    over the batch (an encoding with ``uses_row_offsets`` may return (B, H, T, S): the injector sets its
+    ``row_offsets``, the index of each row's first real token, or None, every pass); ``logit_terms``
+    takes the scaled queries flattened to (B·H, T, d) and returns a tensor that broadcasts to (B, H, T, S); ``value_terms`` takes (B·H, T, S) probabilities and
     returns (B·H, T, d).  ``causal`` is True on the decoder side.
 
     What the attention can use depends on two class attributes: ``query_terms`` (the encoding has

@@ -93,6 +93,10 @@ class PositionInjector(nn.Module):
         With ``incremental_state`` only the last time step is returned.
         """
         positions = token_positions(tokens, self.padding_idx)
+        if self.relative is not None and getattr(self.relative, "uses_row_offsets", False):
+            # the index of each row's first real token (left padding), for encodings of positions, not indices
+            first = tokens.ne(self.padding_idx).int().argmax(dim=1)
+            self.relative.row_offsets = first if bool(first.any()) else None
         self.length = max(int(positions.max()) + 1, 1) if positions.numel() else 1
         if incremental_state is not None:
             positions = positions[:, -1:]

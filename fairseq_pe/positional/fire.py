@@ -1,0 +1,100 @@
+"""FIRE (Li et al. 2023, "Functional Interpolation for Relative Positions Improves Long Context
+Transformers"), Eq. 3-4: a logit bias per head from a small network of the distance, normalised by the
+query's position (progressive interpolation), with a log transform:
+
+    logits_ij += f_θ( ψ(i − j) / ψ(max(i, L)) ),   ψ(x) = log(c·x + 1),
+
+f_θ: R → R^H an MLP with one hidden layer of 32 ReLU units (its output h is head h's bias), c > 0 and the
+threshold L learned (as the paper: c starts at 0.1; L = |λ|·L₀, λ learned from 1, L₀ = 512 by
+``--pe-fire-threshold``).  Below the threshold the bias depends on i − j only (normaliser ψ(L)); past it,
+distances are interpolated into [0, 1] by the query's position, so that a longer input shows f the same
+range it was trained on.  The small ε = 1e-6 of the paper's code keeps the quotient finite.
+
+Positions are the tokens' own (0 for a row's first real token), not their indices: with fairseq's
+left-padded source the normaliser of a padded row would otherwise start late (the injector hands the
+rows' offsets over, :attr:`row_offsets`).
+
+Decoder (causal, the paper's form): j ≤ i, so i − j ≥ 0 and max(i, j, L) = max(i, L).  Encoder
+(bidirectional, which the paper does not define): the signed quotient
+sign(i − j)·ψ(|i − j|)/ψ(max(i, j, L)), in [−1, 1], so f tells left from right, and the normaliser
+max(i, j, L) is the causal one whenever j ≤ i and symmetric in i and j.  One network per side, shared by
+all layers (``--pe-relative-untie-layers``: one per layer).  No length limit.
+"""
+
+import torch
+import torch.nn as nn
+
+from fairseq_pe.errors import UserError
+
+from .base import Float32State, RelativePositionEncoding, WeakCache, option, register_position_encoding
+
+HIDDEN = 32
+C_INIT = 0.1
+EPS = 1e-6
+DEFAULT_THRESHOLD = 512
+
+
+@register_position_encoding("relative", "fire")
+class FirePositionBias(Float32State, RelativePositionEncoding):
+    """f_θ(ψ(i − j)/ψ(max(i, L))) per head (module docstring)."""
+
+    untiable = ("layers",)  # per head already: f has one output per head
+    #: the injector sets the rows' offsets (index of each row's first real token; None: all 0) every pass
+    uses_row_offsets = True
+
+    def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
+        super().__init__(embed_dim, num_heads, num_blocks, causal, args)
+        self.threshold = float(option(args, "pe_fire_threshold", DEFAULT_THRESHOLD))
+        if not self.threshold > 0:
+            raise UserError(f"--pe-fire-threshold must be positive, got {self.threshold:g}")
+        self.untie_layers = bool(getattr(args, "pe_relative_untie_layers", False))
+        n = num_blocks if self.untie_layers else 1
+        # nn.Linear(1, 32) and nn.Linear(32, H) per set, stacked (nn.Linear's own initialisation)
+        layers = [(nn.Linear(1, HIDDEN), nn.Linear(HIDDEN, num_heads)) for _ in range(n)]
+        self.w1 = nn.Parameter(torch.stack([a.weight[:, 0].detach() for a, _ in layers]))  # (n, 32)
+        self.b1 = nn.Parameter(torch.stack([a.bias.detach() for a, _ in layers]))  # (n, 32)
+        self.w2 = nn.Parameter(torch.stack([b.weight.t().detach() for _, b in layers]))  # (n, 32, H)
+        self.b2 = nn.Parameter(torch.stack([b.bias.detach() for _, b in layers]))  # (n, H)
+        self.c = nn.Parameter(torch.full((n,), C_INIT))
+        self.threshold_scale = nn.Parameter(torch.ones(n))  # λ: L = |λ|·L₀
+        self.row_offsets = None
+        self._cache = WeakCache()
+
+    @property
+    def bias_requires_grad(self) -> bool:
+        return any(p.requires_grad for p in self.parameters())
+
+    def bias_key(self, block):
+        return (block - 1 if self.untie_layers else 0,) + tuple(p._version for p in self.parameters())
+
+    def function_input(self, i: torch.Tensor, j: torch.Tensor, index: int) -> torch.Tensor:
+        """The quotient fed to f for query positions ``i`` and key positions ``j`` (broadcastable)."""
+        c = self.c[index].abs()
+        threshold = self.threshold_scale[index].abs() * self.threshold
+        distance = (i - j).float()
+        normaliser = torch.maximum(torch.maximum(i, j).float(), threshold)
+        return distance.sign() * torch.log1p(c * distance.abs()) / (torch.log1p(c * normaliser) + EPS)
+
+    def network(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """f_θ of every element of ``x``: (..., H)."""
+        hidden = torch.relu(x.unsqueeze(-1) * self.w1[index] + self.b1[index])
+        return hidden @ self.w2[index] + self.b2[index]
+
+    def position_bias(self, tgt_len, src_len, query_offset, block):
+        """(H, T, S) biases, or (B, H, T, S) when some rows start later than index 0 (left padding)."""
+        index = block - 1 if self.untie_layers else 0
+        offsets = self.row_offsets
+
+        def bias():
+            device = self.w1.device
+            i = torch.arange(query_offset, query_offset + tgt_len, device=device).view(-1, 1)
+            j = torch.arange(src_len, device=device).view(1, -1)
+            if offsets is not None:  # positions = indices − the row's offset (padding: negative, masked)
+                shift = offsets.to(device).view(-1, 1, 1)
+                i, j = i - shift, j - shift
+            out = self.network(self.function_input(i, j, index), index)  # (..., T, S, H)
+            return out.movedim(-1, -3)
+
+        if self.bias_requires_grad and torch.is_grad_enabled():
+            return bias()  # a new graph for every block of rows (the blockwise path recomputes it in backward)
+        return self._cache.get((tgt_len, src_len, query_offset) + self.bias_key(block), (offsets,), bias)
