@@ -272,3 +272,17 @@ def test_largest_norm_over_blocks_and_floater_biases_by_hand():
               "floater_bias": {"1": {"q": [0.0, 0.0, 7.0], "k": [0.5, 0.5, 0.5], "v": [2.5, 0.0, 0.0]}}}
     assert largest_norms(scores) == [3.0, 5.0, 7.0]
     assert largest_norms({"absolute": None, "floater_bias": None}) == []
+
+
+@pytest.mark.parametrize("name,symmetric", [("kerple-log", True), ("kerple-power", True), ("sandwich", True),
+                                            ("fire", False), ("xpos", False)])
+def test_extrapolation_encodings_are_analysed(tmp_path, name, symmetric):
+    """Issue 18's encodings in the identical-word probe: functions of i − j only (translation invariant), symmetric
+    where their bias is even in i − j (KERPLE, Sandwich), not where it is signed (FIRE's encoder form) or rotary."""
+    path = str(tmp_path / f"{name}.pt")
+    save_untrained_checkpoint(path, "transformer_pe_tiny", ["--pe-absolute", "none", "--pe-relative", name], vocab=60)
+    a = analyze(load_checkpoint(path), name, AnalysisOptions(length=20, probe_length=20))
+    scores = a.scores["identical_word"]["mean"]
+    assert np.isfinite(a.matrices["identical_word_mean"].numpy()).all()
+    assert scores["translation_invariance"] < 1e-6 and not scores["constant"]
+    assert (scores["symmetry"] < 1e-6) if symmetric else (scores["symmetry"] > 1e-2)
