@@ -38,13 +38,17 @@ CONFIGS = (
        ("sinusoidal", False, "none", ("--pe-floater-bias", "--pe-floater-dynamics", "rnn")),
        ("floater", True, "none", ("--pe-floater-dynamics", "gru", "--pe-floater-rnn-input", "vector")),
        ("floater", False, "none", ("--pe-floater-dynamics", "lstm", "--pe-floater-rnn-layers", "2"))]
+    # randomised positions (Ruoss et al.): an APE, a rotary and a bias encoding
+    + [(a, False, r, ("--pe-random-positions", "64")) for a, r in (("sinusoidal", "none"), ("none", "rope"),
+                                                                    ("none", "alibi"))]
 )
 
 
 def config_id(config):
     a, all_blocks, r, extra = config
     return (f"ape-{a}{'-all' if all_blocks else ''}" + (f"+rpe-{r}" if r != "none" else "")
-            + "".join("+" + f.replace("--pe-floater-", "") if f.startswith("--") else "-" + f for f in extra))
+            + "".join("+" + f.replace("--pe-floater-", "").replace("--pe-", "") if f.startswith("--") else "-" + f
+                      for f in extra))
 N_TEST = 27
 TRAIN_FLAGS = ["--arch", "transformer_pe_tiny", "--optimizer", "adam", "--lr", "0.005",
                "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "20", "--max-tokens", "1000",

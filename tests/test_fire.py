@@ -70,9 +70,9 @@ def test_left_padding_uses_positions_not_indices():
     torch.testing.assert_close(out[3:, 1], alone[:, 0], rtol=1e-5, atol=1e-5)
     relative = model.encoder.embed_positions.relative
     model.encoder(src, torch.tensor([9, 6]))
-    assert relative.row_offsets.tolist() == [0, 3]
+    assert relative.row_positions.tolist() == [list(range(9)), [-1] * 3 + list(range(6))]
     model.encoder(src[1:, 3:], torch.tensor([6]))
-    assert relative.row_offsets is None
+    assert relative.row_positions is None
 
 
 def test_training_gives_every_parameter_a_gradient():

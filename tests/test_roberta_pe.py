@@ -31,6 +31,7 @@ ENCODINGS = [
     ["--pe-absolute", "none", "--pe-relative", "kerple-log"],
     ["--pe-absolute", "none", "--pe-relative", "sandwich"],
     ["--pe-absolute", "none", "--pe-relative", "fire", "--pe-fire-threshold", "4"],
+    ["--pe-absolute", "learned", "--pe-relative", "alibi", "--pe-random-positions", "64"],
     ["--pe-absolute", "floater", "--pe-all-blocks"],
     ["--pe-floater-bias"],
 ]

@@ -194,7 +194,7 @@ class PositionAttention(MultiheadAttention):
 
         if relative is not None:  # the mask is the same for the layers of a pass that share the bias: built once
             key = (bsz, tgt_len, src_len, query_offset, relative.bias_key(self.block), q.dtype, q.device)
-            mask = relative.mask_cache.get(key, (attn_mask, key_padding_mask), mask)
+            mask = relative.mask_cache.get(key, (attn_mask, key_padding_mask, relative.row_positions), mask)
         else:
             mask = mask()
         dropout = self.dropout_module

@@ -57,6 +57,13 @@ def add_position_encoding_args(parser):
     group.add_argument("--pe-t5-num-buckets", type=int, help="t5: number of distance buckets (default 32)")
     group.add_argument("--pe-t5-max-distance", type=int,
                        help="t5: distance where the last (logarithmic) bucket starts (default 128)")
+    group.add_argument("--pe-random-positions", type=int, metavar="L",
+                       help="randomised positions (Ruoss et al. 2023): train with a sorted random subset of positions "
+                            "of [0, L) for each sequence instead of 0..n-1, in every encoding that takes positions "
+                            "(APEs, RoPE/xPos, relative biases and vectors); in evaluation each source sentence gets a fixed "
+                            "draw of its own and the decoder 0..n-1 (README: randomised positions). Sequences are at "
+                            "most L long. "
+                            "Default: off")
     group.add_argument("--pe-fire-threshold", type=float, metavar="L0",
                        help="fire: the initial threshold L of the normaliser ψ(max(i, L)); L = |λ|·L0 with λ learned "
                             "from 1 (default 512, the paper's)")
@@ -75,8 +82,8 @@ RELATIVE_FAMILY_OPTIONS = [
     ("pe_rope_scaling_original_length", ("rope",), None),
     ("pe_t5_num_buckets", ("t5",), 32),
     ("pe_t5_max_distance", ("t5",), 128),
-    ("pe_sandwich_dim", ("sandwich",), None),
-    ("pe_fire_threshold", ("fire",), 512.0),  # None: the model's embedding dimension
+    ("pe_sandwich_dim", ("sandwich",), None),  # None: the model's embedding dimension
+    ("pe_fire_threshold", ("fire",), 512.0),
 ]
 
 
@@ -89,6 +96,7 @@ def position_encoding_defaults(args, sinusoid_scales=TRANSFORMER_DEFAULTS, float
     args.pe_relative = getattr(args, "pe_relative", None) or "none"
     args.pe_relative_untie_layers = getattr(args, "pe_relative_untie_layers", False)
     args.pe_relative_untie_heads = getattr(args, "pe_relative_untie_heads", False)
+    args.pe_random_positions = getattr(args, "pe_random_positions", None)
     for name, families, default in RELATIVE_FAMILY_OPTIONS:
         # a family's options get their default only when it is chosen, so that an option
         # given for another family is refused instead of silently ignored
@@ -131,6 +139,18 @@ def _validate_position_args(args):
             )
     if args.pe_all_blocks and args.pe_absolute == "none":
         raise UserError("--pe-all-blocks needs an absolute encoding: set --pe-absolute")
+    random_positions = getattr(args, "pe_random_positions", None)
+    if random_positions is not None:
+        if random_positions < 1:
+            raise UserError(f"--pe-random-positions must be at least 1 (the number of positions to draw from), "
+                            f"got {random_positions}")
+        if args.pe_absolute == "floater" or getattr(args, "pe_floater_bias", False):
+            raise UserError("--pe-random-positions is not supported with FLOATER (--pe-absolute floater, "
+                            "--pe-floater-bias): its positions are the ODE's states at t = i·Δt, solved from 0 up to "
+                            "the longest position at every pass; remove one of them")
+        if args.pe_absolute == "none" and args.pe_relative == "none":
+            raise UserError("--pe-random-positions has no effect without a position encoding: set --pe-absolute or "
+                            "--pe-relative, or remove it")
     for name, families, _ in RELATIVE_FAMILY_OPTIONS:
         if getattr(args, name, None) is not None and args.pe_relative not in families:
             raise UserError(f"--{name.replace('_', '-')} applies to --pe-relative {' / '.join(families)} only, "

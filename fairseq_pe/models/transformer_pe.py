@@ -11,7 +11,7 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase, TransformerModel
 from fairseq.models.transformer import transformer_legacy as stock
 
-from fairseq_pe.errors import as_user_errors
+from fairseq_pe.errors import UserError, as_user_errors
 from fairseq_pe.positional import PositionInjector, build_position_encoding
 from fairseq_pe.positional.floater_bias import FloaterAttentionBias
 
@@ -35,6 +35,13 @@ def build_position_injector(cfg, num_blocks: int, embed_dim: int, num_heads: int
         padding_idx=padding_idx,
         args=cfg,
     )
+    random_positions = getattr(cfg, "pe_random_positions", None)
+    if random_positions is not None and absolute is not None and absolute.max_positions is not None \
+            and random_positions > absolute.max_positions:
+        raise UserError(f"--pe-random-positions {random_positions} draws positions up to {random_positions - 1}, past "
+                        f"the {absolute.max_positions} rows of the learned table: set "
+                        f"{max_positions_flag or f'--max-{side}-positions'} {random_positions} (or more), or lower "
+                        "--pe-random-positions")
     relative = build_position_encoding(
         "relative", cfg.pe_relative,
         embed_dim=embed_dim, num_heads=num_heads, num_blocks=num_blocks, causal=side == "target", args=cfg,
@@ -44,6 +51,7 @@ def build_position_injector(cfg, num_blocks: int, embed_dim: int, num_heads: int
         absolute, padding_idx, relative=relative,
         self_bias=FloaterAttentionBias(embed_dim, num_blocks) if bias else None,
         cross_bias=FloaterAttentionBias(embed_dim, num_blocks) if bias and cross_attention else None,
+        random_positions=random_positions, causal=side == "target",
     )
 
 

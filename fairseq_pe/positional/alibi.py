@@ -37,6 +37,10 @@ class ALiBiPositionBias(Float32State, RelativePositionEncoding):
         self._cache = WeakCache()
 
     def position_bias(self, tgt_len, src_len, query_offset, block):
+        rows = self.row_distances(tgt_len, src_len, query_offset)
+        if rows is not None:  # the rows' own positions (randomised): (B, H, T, S)
+            return -self.slopes.view(1, -1, 1, 1) * rows.abs().unsqueeze(1).float()
+
         def bias():
             dist = relative_distances(tgt_len, src_len, query_offset, self.slopes.device).abs()
             return -self.slopes.view(-1, 1, 1) * dist  # (H, T, S), float32

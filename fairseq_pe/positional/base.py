@@ -187,8 +187,8 @@ class RelativePositionEncoding(nn.Module):
         out    = probs·v + value_terms(probs, T, S, query_offset, block)  (Shaw family: Σ_j α_ij a^V_{j−i})
 
     A method returning ``None`` contributes nothing.  ``position_bias`` is (H, T, S) and broadcasts
-    over the batch (an encoding with ``uses_row_offsets`` may return (B, H, T, S): the injector sets its
-    ``row_offsets``, the index of each row's first real token, or None, every pass); ``logit_terms``
+    over the batch, or is (B, H, T, S) when the rows have positions of their own (:attr:`row_positions`,
+    :meth:`row_distances`: randomised positions, or left padding for an encoding that needs positions); ``logit_terms``
     takes the scaled queries flattened to (B·H, T, d) and returns a tensor that broadcasts to (B, H, T, S); ``value_terms`` takes (B·H, T, S) probabilities and
     returns (B·H, T, d).  ``causal`` is True on the decoder side.
 
@@ -211,6 +211,9 @@ class RelativePositionEncoding(nn.Module):
     already_untied = ()
     #: whether the encoding has query-dependent terms (``logit_terms``, ``value_terms``)
     query_terms = False
+    #: whether the encoding depends on positions beyond their differences (FIRE's normaliser): then it gets the
+    #: rows' positions (:attr:`row_positions`) also when left padding is all that separates them from the indices
+    needs_positions = False
 
     def __init__(self, embed_dim: int, num_heads: int, num_blocks: int, causal: bool, args=None):
         super().__init__()
@@ -230,6 +233,18 @@ class RelativePositionEncoding(nn.Module):
         self.causal = causal
         #: the attention mask built from ``position_bias`` and the pass's masks, shared by the layers
         self.mask_cache = WeakCache()
+        #: (B, S) positions of every key index of the current pass (−1 at padding), set by the injector when they
+        #: are not the indices (``--pe-random-positions``; left padding for :attr:`needs_positions`), else None
+        self.row_positions: Optional[torch.Tensor] = None
+
+    def row_distances(self, tgt_len: int, src_len: int, query_offset: int) -> Optional[torch.Tensor]:
+        """(B, T, S) signed distances j − i between the pass's row positions of key j and query i (query row r
+        at index ``query_offset + r``), or None when the positions are the indices (:func:`relative_distances`)."""
+        positions = self.row_positions
+        if positions is None:
+            return None
+        queries = positions[:, query_offset:query_offset + tgt_len]
+        return positions[:, :src_len].unsqueeze(1) - queries.unsqueeze(2)
 
     @property
     def bias_requires_grad(self) -> bool:

@@ -12,7 +12,7 @@ range it was trained on.  The small ε = 1e-6 of the paper's code keeps the quot
 
 Positions are the tokens' own (0 for a row's first real token), not their indices: with fairseq's
 left-padded source the normaliser of a padded row would otherwise start late (the injector hands the
-rows' offsets over, :attr:`row_offsets`).
+rows' positions over, :attr:`row_positions`, as it does for randomised positions).
 
 Decoder (causal, the paper's form): j ≤ i, so i − j ≥ 0 and max(i, j, L) = max(i, L).  Encoder
 (bidirectional, which the paper does not define): the signed quotient
@@ -39,8 +39,7 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
     """f_θ(ψ(i − j)/ψ(max(i, L))) per head (module docstring)."""
 
     untiable = ("layers",)  # per head already: f has one output per head
-    #: the injector sets the rows' offsets (index of each row's first real token; None: all 0) every pass
-    uses_row_offsets = True
+    needs_positions = True  # the normaliser takes the query's position, not only i − j
 
     def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
         super().__init__(embed_dim, num_heads, num_blocks, causal, args)
@@ -57,7 +56,6 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
         self.b2 = nn.Parameter(torch.stack([b.bias.detach() for _, b in layers]))  # (n, H)
         self.c = nn.Parameter(torch.full((n,), C_INIT))
         self.threshold_scale = nn.Parameter(torch.ones(n))  # λ: L = |λ|·L₀
-        self.row_offsets = None
         self._cache = WeakCache()
 
     @property
@@ -81,20 +79,22 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
         return hidden @ self.w2[index] + self.b2[index]
 
     def position_bias(self, tgt_len, src_len, query_offset, block):
-        """(H, T, S) biases, or (B, H, T, S) when some rows start later than index 0 (left padding)."""
+        """(H, T, S) biases, or (B, H, T, S) when the rows have positions of their own (left padding, randomised
+        positions; padding's −1 is masked)."""
         index = block - 1 if self.untie_layers else 0
-        offsets = self.row_offsets
+        positions = self.row_positions
 
         def bias():
             device = self.w1.device
-            i = torch.arange(query_offset, query_offset + tgt_len, device=device).view(-1, 1)
-            j = torch.arange(src_len, device=device).view(1, -1)
-            if offsets is not None:  # positions = indices − the row's offset (padding: negative, masked)
-                shift = offsets.to(device).view(-1, 1, 1)
-                i, j = i - shift, j - shift
+            if positions is None:
+                i = torch.arange(query_offset, query_offset + tgt_len, device=device).view(-1, 1)
+                j = torch.arange(src_len, device=device).view(1, -1)
+            else:
+                i = positions[:, query_offset:query_offset + tgt_len].to(device).unsqueeze(2)
+                j = positions[:, :src_len].to(device).unsqueeze(1)
             out = self.network(self.function_input(i, j, index), index)  # (..., T, S, H)
             return out.movedim(-1, -3)
 
         if self.bias_requires_grad and torch.is_grad_enabled():
             return bias()  # a new graph for every block of rows (the blockwise path recomputes it in backward)
-        return self._cache.get((tgt_len, src_len, query_offset) + self.bias_key(block), (offsets,), bias)
+        return self._cache.get((tgt_len, src_len, query_offset) + self.bias_key(block), (positions,), bias)

@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import AbsolutePositionEncoding, RelativePositionEncoding
+from .random_positions import sample_positions
 
 #: what ``max_positions`` reports for encodings that work at any length (fairseq needs an int)
 UNLIMITED_POSITIONS = 1 << 40
@@ -61,8 +62,13 @@ def lookup_time_major(plan, table: torch.Tensor) -> torch.Tensor:
 class PositionInjector(nn.Module):
     def __init__(self, absolute: Optional[AbsolutePositionEncoding], padding_idx: int,
                  relative: Optional[RelativePositionEncoding] = None,
-                 self_bias: Optional[nn.Module] = None, cross_bias: Optional[nn.Module] = None):
+                 self_bias: Optional[nn.Module] = None, cross_bias: Optional[nn.Module] = None,
+                 random_positions: Optional[int] = None, causal: bool = False):
         super().__init__()
+        #: ``--pe-random-positions`` L (:mod:`.random_positions`): sampled in training, and in evaluation on the
+        #: encoder side (``causal`` False); None: positions 0 .. n−1
+        self.random_positions = random_positions
+        self.causal = causal
         self.absolute = absolute
         self.relative = relative  # used by the self-attention of every block
         self.self_bias = self_bias  # FLOATER Q/K/V biases of self-attention
@@ -79,9 +85,12 @@ class PositionInjector(nn.Module):
 
     @property
     def max_positions(self) -> int:
+        limit = UNLIMITED_POSITIONS
         if self.absolute is not None and self.absolute.max_positions is not None:
-            return self.absolute.max_positions
-        return UNLIMITED_POSITIONS
+            limit = self.absolute.max_positions
+        if self.random_positions is not None:  # n tokens need n distinct positions in [0, L)
+            limit = min(limit, self.random_positions)
+        return limit
 
     @property
     def all_blocks(self) -> bool:
@@ -93,10 +102,14 @@ class PositionInjector(nn.Module):
         With ``incremental_state`` only the last time step is returned.
         """
         positions = token_positions(tokens, self.padding_idx)
-        if self.relative is not None and getattr(self.relative, "uses_row_offsets", False):
-            # the index of each row's first real token (left padding), for encodings of positions, not indices
-            first = tokens.ne(self.padding_idx).int().argmax(dim=1)
-            self.relative.row_offsets = first if bool(first.any()) else None
+        sampled = self.random_positions is not None and (self.training or not self.causal)
+        if sampled:  # evaluation: each sentence's own fixed draw (reproducible whatever the batch)
+            positions = sample_positions(positions, self.random_positions, None if self.training else tokens)
+        if self.relative is not None:
+            # the rows' own positions, where they are not the indices: sampled, or shifted by left padding for an
+            # encoding that needs more than their differences (all of them: the keys so far while decoding)
+            shifted = self.relative.needs_positions and bool(tokens[:, 0].eq(self.padding_idx).any())
+            self.relative.row_positions = positions if sampled or shifted else None
         self.length = max(int(positions.max()) + 1, 1) if positions.numel() else 1
         if incremental_state is not None:
             positions = positions[:, -1:]

@@ -57,8 +57,13 @@ class _Kerple(Float32State, RelativePositionEncoding):
         raise NotImplementedError
 
     def position_bias(self, tgt_len, src_len, query_offset, block):
-        """(H, T, S) biases, from the T + S − 1 distinct distances (a Toeplitz view, as T5's)."""
+        """(H, T, S) biases, from the T + S − 1 distinct distances (a Toeplitz view, as T5's); (B, H, T, S) from
+        the rows' own positions when they have them."""
         self.project()
+        rows = self.row_distances(tgt_len, src_len, query_offset)
+        if rows is not None:  # the rows' own positions (randomised): (B, H, T, S)
+            r1, r2 = self.r1[block - 1].view(1, -1, 1, 1), self.r2[block - 1].view(1, -1, 1, 1)
+            return self.kernel(rows.abs().unsqueeze(1).to(r1.dtype), r1, r2)
         r1, r2 = self.r1[block - 1].view(-1, 1), self.r2[block - 1].view(-1, 1)
         low = -(query_offset + tgt_len - 1)
         distance = torch.arange(low, src_len - query_offset, device=r1.device).abs().to(r1.dtype)

@@ -63,12 +63,14 @@ class _RelativeVectors(RelativePositionEncoding):
         raise NotImplementedError
 
     def distance_index(self, tgt_len, src_len, query_offset, device) -> torch.Tensor:
-        """(T × S) index into the 2K+1 vectors: clip(j − i, −K, K) + K (shared by the layers of a pass)."""
+        """(T × S) index into the 2K+1 vectors: clip(j − i, −K, K) + K (shared by the layers of a pass); (B, 1, T, S)
+        from the rows' own positions when they have them (randomised positions)."""
         def compute():
-            dist = relative_distances(tgt_len, src_len, query_offset, device)
-            return dist.clamp(-self.max_distance, self.max_distance) + self.max_distance
+            rows = self.row_distances(tgt_len, src_len, query_offset)
+            dist = relative_distances(tgt_len, src_len, query_offset, device) if rows is None else rows.unsqueeze(1)
+            return dist.to(device).clamp(-self.max_distance, self.max_distance) + self.max_distance
 
-        return self._index_cache.get((tgt_len, src_len, query_offset, device), (), compute)
+        return self._index_cache.get((tgt_len, src_len, query_offset, device), (self.row_positions,), compute)
 
     def logit_terms(self, q, tgt_len, src_len, query_offset, block):
         a_key, _ = self.vectors(block)

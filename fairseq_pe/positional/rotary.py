@@ -29,7 +29,7 @@ so that a scaling given at load time is not overwritten by the unscaled copy.
 import math
 
 import torch
-from rotary_embedding_torch import RotaryEmbedding
+from rotary_embedding_torch import RotaryEmbedding, apply_rotary_emb
 
 from fairseq_pe.errors import UserError
 
@@ -99,8 +99,20 @@ class RotaryPositionEncoding(Float32State, RelativePositionEncoding):
             theta_rescale_factor=self.factor if self.scaling == "ntk" else 1.0)
         self.qk_scale = yarn_scale(self.factor) if yarn else 1.0
 
+    def query_positions(self, length: int, query_offset: int, device):
+        """The positions of the pass's new queries (and keys): (B, T) from the rows' own positions
+        (randomised), else None (the indices query_offset .. query_offset + T − 1)."""
+        if self.row_positions is None:
+            return None
+        return self.row_positions[:, query_offset:query_offset + length].to(device)
+
     def rotate(self, q, k, query_offset, block):
-        # q, k: (..., T, d); new keys sit at the same indices as the queries
+        # q, k: (B, H, T, d); new keys sit at the same indices as the queries
+        positions = self.query_positions(q.size(-2), query_offset, q.device)
+        if positions is not None:  # the rows' own positions: angles per row, (B, 1, T, d)
+            freqs = self.rotary(positions.float() / self.rotary.interpolate_factor).unsqueeze(1)
+            return (apply_rotary_emb(freqs, q.float(), scale=self.qk_scale).to(q.dtype),
+                    apply_rotary_emb(freqs, k.float(), scale=self.qk_scale).to(k.dtype))
         rotate = self.rotary.rotate_queries_or_keys
         rotated_q = rotate(q.float(), offset=query_offset, scale=self.qk_scale).to(q.dtype)
         rotated_k = rotate(k.float(), offset=query_offset, scale=self.qk_scale).to(k.dtype)
@@ -148,10 +160,14 @@ class XposPositionEncoding(RotaryPositionEncoding):
         if not self.causal:
             return q, k
         length = q.size(-2)
-        last = query_offset + length - 1
+        positions = self.query_positions(length, query_offset, q.device)
+        if positions is None:
+            positions = torch.arange(query_offset, query_offset + length, device=q.device)
+        else:  # the rows' own positions: (B, 1, T) (padding's −1 gets a harmless scale; it is masked)
+            positions = positions.unsqueeze(1)
+        last = int(positions.max())
         if last >= self.max_length:
             raise UserError(f"--pe-relative xpos: position {last} is beyond the {self.max_length} positions whose "
                             "scales float32 can hold; use --pe-relative rope for longer sequences")
-        positions = torch.arange(query_offset, query_offset + length, device=q.device, dtype=torch.float32)
-        exponent = positions.unsqueeze(-1) / XPOS_SCALE_BASE * self.log_zeta  # (T, d)
+        exponent = positions.float().unsqueeze(-1) / XPOS_SCALE_BASE * self.log_zeta  # (..., T, d)
         return (q.float() * exponent.exp()).to(q.dtype), (k.float() * (-exponent).exp()).to(k.dtype)

@@ -47,6 +47,11 @@ class SandwichPositionBias(Float32State, RelativePositionEncoding):
         self.register_buffer("anchor", torch.zeros(0), persistent=False)  # follows the model's device
 
     def position_bias(self, tgt_len, src_len, query_offset, block):
+        rows = self.row_distances(tgt_len, src_len, query_offset)
+        if rows is not None:  # the rows' own positions (randomised): (B, H, T, S)
+            return self._cache.get((tgt_len, src_len, query_offset, "rows"), (self.row_positions,),
+                                   lambda: sandwich_bias(rows, self.dim, self.num_heads).transpose(0, 1))
+
         def bias():
             # T + S − 1 distinct distances, viewed as (H, T, S) (a Toeplitz view, as T5's)
             low = -(query_offset + tgt_len - 1)

@@ -80,6 +80,10 @@ class T5PositionBias(RelativePositionEncoding):
         """(H, T, S) biases b_h[bucket(j − i)].  They depend on j − i only: the T + S − 1 distances are
         bucketed and looked up once, and the (T, S) matrix is a view of their windows (Toeplitz)."""
         table = self.bias[block - 1 if self.untie_layers else 0].t()  # (H, buckets)
+        rows = self.row_distances(tgt_len, src_len, query_offset)
+        if rows is not None:  # the rows' own positions (randomised): (B, H, T, S)
+            buckets = t5_bucket(rows, not self.causal, self.num_buckets, self.max_distance)
+            return table[:, buckets].transpose(0, 1)
         # distances j − i from −(query_offset + T − 1) (last query, first key) to S − 1 − query_offset
         low = -(query_offset + tgt_len - 1)
         distances = torch.arange(low, src_len - query_offset, device=table.device)

@@ -1,0 +1,55 @@
+"""Randomised positions (Ruoss et al. 2023, "Randomized Positional Encodings Boost Length Generalization of
+Transformers", §3): ``--pe-random-positions L`` gives the n tokens of a sequence an ordered random subset of
+n positions drawn uniformly from [0, L), instead of 0 .. n−1, so that a model trained on short sequences has
+seen every position (and distance) up to L and a longer test input stays in distribution.  Every encoding that
+takes integer positions uses them: the absolute tables and sinusoids, RoPE and xPos, and the relative biases
+and vectors, whose distances become those of the sampled positions.
+
+Each row draws its own subset (the official code draws one per batch; here rows of different lengths get a
+uniform subset of their own size, and padding takes no position).  Training samples at every forward pass.
+Evaluation follows the paper (whose code samples at test time too) where fairseq allows it: the encoder side
+gets a random subset as in training, drawn from a generator seeded by the sentence's tokens, so that a sentence
+has the same positions whatever its batch, seed or beam, and ``fairseq-generate``'s scores are reproducible; the
+decoder uses 0 .. n−1, because step-by-step generation cannot draw an ordered subset whose size is not yet
+known, and its full passes (``--score-reference``, validation) must give the scores of generation.  L bounds
+the lengths: a longer sequence has no n distinct positions in [0, L), so the model's ``max_positions`` is at
+most L and fairseq refuses longer inputs by name.
+"""
+
+import hashlib
+
+import torch
+
+from fairseq_pe.errors import UserError
+
+
+def _keys_seeded_by_tokens(tokens: torch.Tensor, real: torch.Tensor, limit: int) -> torch.Tensor:
+    """(B, limit) uniform keys, row r's from a generator seeded by row r's real tokens (evaluation)."""
+    rows = []
+    for row, mask in zip(tokens.cpu(), real.cpu()):
+        digest = hashlib.sha256(row[mask].numpy().astype("int64").tobytes()).digest()
+        generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+        rows.append(torch.rand(limit, generator=generator))
+    return torch.stack(rows).to(tokens.device)
+
+
+def sample_positions(positions: torch.Tensor, limit: int, tokens: torch.Tensor = None) -> torch.Tensor:
+    """Positions (B, T) of a pass (0 .. n_r−1 for row r's real tokens, −1 at padding) → the same rows with each
+    row's positions replaced by a sorted uniform random subset of n_r positions of [0, ``limit``): from torch's
+    generator, or, given the rows' ``tokens``, one fixed per sentence (drawn from its tokens: evaluation)."""
+    real = positions.ge(0)
+    lengths = real.sum(dim=1)
+    longest = int(lengths.max()) if lengths.numel() else 0
+    if longest == 0:
+        return positions
+    if longest > limit:
+        raise UserError(f"--pe-random-positions {limit}: a sequence of {longest} tokens has no {longest} distinct "
+                        f"positions in [0, {limit}); raise --pe-random-positions")
+    # the `longest` largest of `limit` uniform keys: a uniform random subset, in random order, so its first n_r
+    # members are a uniform subset of size n_r
+    keys = torch.rand(positions.size(0), limit, device=positions.device) if tokens is None \
+        else _keys_seeded_by_tokens(tokens, real, limit)
+    chosen = keys.topk(longest, dim=1).indices
+    columns = torch.arange(longest, device=positions.device)
+    chosen = torch.where(columns < lengths.unsqueeze(1), chosen, limit).sort(dim=1).values
+    return torch.where(real, chosen.gather(1, positions.clamp(min=0)), positions)

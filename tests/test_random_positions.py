@@ -1,0 +1,141 @@
+"""Randomised positions (issue 18, Ruoss et al. 2023): the sampling, every family's bias/rotation from the rows'
+own positions against its usual computation, training against evaluation, decoding, limits and refusals."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fairseq_pe.errors import UserError
+from fairseq_pe.positional import build_position_encoding
+from fairseq_pe.positional.random_positions import sample_positions
+
+from helpers import assert_incremental_equals_full, build_model, random_tokens
+
+
+def test_samples_are_sorted_distinct_in_range_and_skip_padding():
+    torch.manual_seed(0)
+    positions = torch.tensor([[0, 1, 2, 3, 4], [-1, -1, 0, 1, 2], [0, 1, 2, -1, -1]])
+    for _ in range(50):
+        s = sample_positions(positions, 12)
+        assert torch.equal(s.lt(0), positions.lt(0))
+        for row in s:
+            real = row[row >= 0]
+            assert bool((real[1:] > real[:-1]).all()) and int(real.max()) < 12
+    # n = L: every position, in order
+    assert sample_positions(torch.arange(6).unsqueeze(0), 6).tolist() == [list(range(6))]
+    with pytest.raises(UserError, match="--pe-random-positions 4: a sequence of 5 tokens"):
+        sample_positions(positions, 4)
+
+
+def test_samples_are_uniform():
+    """Each of L positions is equally likely, for rows of every length (a row's subset is its own, not the first n
+    of a longer row's)."""
+    torch.manual_seed(1)
+    counts = torch.zeros(10)
+    positions = torch.tensor([[0, 1, 2], [0, -1, -1]]).repeat(4000, 1)
+    s = sample_positions(positions, 10)
+    short = s[1::2, 0]
+    counts.scatter_add_(0, short, torch.ones_like(short, dtype=torch.float))
+    assert float((counts / counts.sum() - 0.1).abs().max()) < 0.02  # 4000 draws: sd 0.005
+    first = s[0::2, 0].float().mean()
+    assert abs(float(first) - 1.75) < 0.15  # the smallest of 3 of 1..10 has E = (10 + 1)/(3 + 1) = 2.75
+
+
+FAMILIES = ["alibi", "t5", "kerple-log", "kerple-power", "sandwich", "fire", "learned", "sinusoidal",
+            "learnable-sinusoidal", "rope", "xpos"]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_rows_positions_equal_to_the_indices_give_the_usual_terms(name, causal):
+    torch.manual_seed(0)
+    enc = build_position_encoding("relative", name, embed_dim=16, num_heads=2, num_blocks=2, causal=causal,
+                                  args=SimpleNamespace(pe_fire_threshold=3.0))
+    q, k = torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    probs = torch.rand(4, 5, 5)
+
+    def terms():
+        rq, rk = enc.rotate(q, k, 0, 1)
+        bias = enc.position_bias(5, 5, 0, 1)
+        logits = enc.logit_terms(q.reshape(4, 5, 8), 5, 5, 0, 1)
+        values = enc.value_terms(probs, 5, 5, 0, 1)
+        return rq @ rk.transpose(-1, -2), bias, logits, values
+
+    usual = terms()
+    enc.row_positions = torch.arange(5).repeat(2, 1)
+    rows = terms()
+    for a, b in zip(usual, rows):
+        if a is None:
+            assert b is None
+            continue
+        torch.testing.assert_close(b.expand(2, *a.shape[-3:]) if b.dim() == 4 else b,
+                                   a.expand(2, *a.shape[-3:]) if a.dim() == 3 and b.dim() == 4 else a)
+    # shifted positions: distance-only families do not change; a gap changes them
+    enc.row_positions = torch.arange(5).repeat(2, 1) + 7
+    shifted = terms()
+    enc.row_positions = torch.tensor([[0, 1, 2, 3, 4], [0, 3, 9, 10, 30]])
+    gapped = terms()
+    if name != "fire":  # FIRE's normaliser takes the positions themselves
+        for a, b in zip(rows, shifted):
+            if a is not None:
+                torch.testing.assert_close(a, b)
+    changed = [g is not None and not torch.allclose(g[1], r[1]) for g, r in zip(gapped, rows)]
+    assert any(changed) and not any(g is not None and not torch.allclose(g[0], r[0]) for g, r in zip(gapped, rows))
+
+
+@pytest.mark.parametrize("flags", [["--pe-absolute", "sinusoidal"], ["--pe-absolute", "learned"],
+                                   ["--pe-absolute", "none", "--pe-relative", "alibi"],
+                                   ["--pe-absolute", "none", "--pe-relative", "rope"],
+                                   ["--pe-absolute", "none", "--pe-relative", "learned"],
+                                   ["--pe-absolute", "none", "--pe-relative", "fire", "--pe-fire-threshold", "4"]])
+def test_training_samples_and_decoding_stays_exact(flags):
+    model, d = build_model(*flags, "--pe-random-positions", "64")
+    enc_injector, dec_injector = model.encoder.embed_positions, model.decoder.embed_positions
+    assert enc_injector.max_positions == 64 and dec_injector.max_positions == 64
+    src, prev = random_tokens(d, 2, 9, left_pad=(0, 3)), random_tokens(d, 2, 7, seed=1)
+    model.train()
+    torch.manual_seed(0)
+    out1 = model(src, torch.tensor([9, 6]), prev)[0]
+    first = enc_injector.positions.clone()
+    out2 = model(src, torch.tensor([9, 6]), prev)[0]
+    assert not torch.equal(first, enc_injector.positions) and not torch.allclose(out1, out2)
+    assert int(enc_injector.positions.max()) < 64 and int(dec_injector.positions.max()) >= 7 - 1
+    out1.float().pow(2).mean().backward()
+    model.eval()
+    # evaluation: the decoder takes 0 .. n−1, so step-by-step decoding equals the full pass (the encoder samples)
+    with torch.no_grad():
+        model(src, torch.tensor([9, 6]), prev)
+        assert dec_injector.positions.tolist() == [list(range(7))] * 2
+        assert_incremental_equals_full(model, d)
+
+
+def test_bad_uses_are_refused_naming_the_flag():
+    with pytest.raises(UserError, match="not supported with FLOATER"):
+        build_model("--pe-absolute", "floater", "--pe-random-positions", "64")
+    with pytest.raises(UserError, match="no effect without a position encoding"):
+        build_model("--pe-absolute", "none", "--pe-random-positions", "64")
+    with pytest.raises(UserError, match="--pe-random-positions 300 .* set --max-source-positions 300"):
+        build_model("--pe-absolute", "learned", "--max-source-positions", "256", "--pe-random-positions", "300")
+    with pytest.raises(UserError, match="at least 1"):
+        build_model("--pe-random-positions", "0")
+
+
+def test_evaluation_gives_each_sentence_its_own_fixed_draw():
+    """In evaluation a source sentence's positions depend on its tokens only: not on the batch, its padding or the
+    global seed (fairseq-generate's scores do not change with --batch-size); different sentences differ."""
+    model, d = build_model("--pe-absolute", "none", "--pe-relative", "alibi", "--pe-random-positions", "50")
+    model.eval()
+    injector = model.encoder.embed_positions
+    src = random_tokens(d, 3, 9, left_pad=(0, 3, 0))
+    src[2] = src[0]
+    torch.manual_seed(0)
+    with torch.no_grad():
+        batch = model.encoder(src, torch.tensor([9, 6, 9]))["encoder_out"][0]
+        positions = injector.positions.clone()
+        torch.manual_seed(123)
+        alone = model.encoder(src[1:2, 3:], torch.tensor([6]))["encoder_out"][0]
+    assert injector.positions[0].tolist() == positions[1, 3:].tolist()
+    assert torch.equal(positions[0], positions[2]) and not torch.equal(positions[0, 3:], positions[1, 3:])
+    assert positions[1, :3].tolist() == [-1, -1, -1] and int(positions.max()) < 50
+    torch.testing.assert_close(alone[:, 0], batch[3:, 1], rtol=1e-5, atol=1e-5)
