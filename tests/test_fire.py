@@ -92,3 +92,16 @@ def test_bad_threshold_and_other_family_are_refused():
         build_model("--pe-relative", "alibi", "--pe-fire-threshold", "8")
     with pytest.raises(UserError, match="--pe-relative-untie-heads"):
         build_model("--pe-relative", "fire", "--pe-relative-untie-heads")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_below_the_threshold_the_bias_is_computed_per_distance(causal):
+    """All positions below L: f is evaluated once per distance (Toeplitz); the same values as per pair, also for
+    a decoding step, and the threshold still gets a gradient."""
+    enc = fire(causal=causal, pe_fire_threshold=20.0)
+    fast = enc.position_bias(6, 9, 3, 1)
+    enc.row_positions = torch.arange(9).unsqueeze(0)  # the per-pair path on the same positions
+    torch.testing.assert_close(enc.position_bias(6, 9, 3, 1)[0], fast)
+    enc.row_positions = None
+    enc.position_bias(7, 7, 0, 1).sum().backward()
+    assert enc.threshold_scale.grad.abs().sum() > 0 and enc.c.grad.abs().sum() > 0

@@ -86,6 +86,14 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
 
         def bias():
             device = self.w1.device
+            last = max(query_offset + tgt_len, src_len) - 1
+            if positions is None and last < float(self.threshold_scale[index].abs()) * self.threshold:
+                # every position below the threshold: the normaliser is ψ(L) throughout and the bias a function
+                # of j − i: f over the T + S − 1 distances, viewed as (H, T, S) (a Toeplitz view, as T5's)
+                low = -(query_offset + tgt_len - 1)
+                j = torch.arange(low, src_len - query_offset, device=device)
+                per_distance = self.network(self.function_input(torch.zeros_like(j), j, index), index).t()
+                return per_distance.unfold(1, src_len, 1).flip(1)
             if positions is None:
                 i = torch.arange(query_offset, query_offset + tgt_len, device=device).view(-1, 1)
                 j = torch.arange(src_len, device=device).view(1, -1)
