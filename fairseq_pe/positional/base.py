@@ -188,9 +188,10 @@ class RelativePositionEncoding(nn.Module):
 
     A method returning ``None`` contributes nothing.  ``position_bias`` is (H, T, S) and broadcasts
     over the batch, or is (B, H, T, S) when the rows have positions of their own (:attr:`row_positions`,
-    :meth:`row_distances`: randomised positions, or left padding for an encoding that needs positions); ``logit_terms``
-    takes the scaled queries flattened to (B·H, T, d) and returns a tensor that broadcasts to (B, H, T, S); ``value_terms`` takes (B·H, T, S) probabilities and
-    returns (B·H, T, d).  ``causal`` is True on the decoder side.
+    :meth:`row_distances`: randomised positions, or left padding for an encoding that needs positions);
+    ``logit_terms`` takes the scaled queries flattened to (B·H, T, d) and returns a tensor that broadcasts
+    to (B, H, T, S); ``value_terms`` takes (B·H, T, S) probabilities and returns (B·H, T, d).  ``causal``
+    is True on the decoder side.
 
     What the attention can use depends on two class attributes: ``query_terms`` (the encoding has
     ``logit_terms``/``value_terms``, which need the probabilities: the attention computes them
