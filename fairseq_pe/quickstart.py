@@ -92,6 +92,10 @@ NAMED_SYSTEMS = {
     "kerple-power": ["--pe-absolute", "none", "--pe-relative", "kerple-power"],
     "xpos": ["--pe-absolute", "none", "--pe-relative", "xpos"],  # Sun et al. 2022
     "sandwich": ["--pe-absolute", "none", "--pe-relative", "sandwich"],  # Chi et al. 2023
+    "fire": ["--pe-absolute", "none", "--pe-relative", "fire"],  # Li et al. 2023
+    # randomised positions (Ruoss et al. 2023) from [0, 64): 4x the quickstart's training lengths, past its tests'
+    "ape-sinusoidal-random": ["--pe-absolute", "sinusoidal", "--pe-random-positions", "64"],
+    "rope-random": ["--pe-absolute", "none", "--pe-relative", "rope", "--pe-random-positions", "64"],
 }
 
 _print_lock = threading.Lock()
