@@ -30,6 +30,7 @@ used.
 """
 
 import argparse
+import ast
 import hashlib
 import json
 import logging
@@ -93,9 +94,10 @@ NAMED_SYSTEMS = {
     "xpos": ["--pe-absolute", "none", "--pe-relative", "xpos"],  # Sun et al. 2022
     "sandwich": ["--pe-absolute", "none", "--pe-relative", "sandwich"],  # Chi et al. 2023
     "fire": ["--pe-absolute", "none", "--pe-relative", "fire"],  # Li et al. 2023
-    # randomised positions (Ruoss et al. 2023) from [0, 64): 4x the quickstart's training lengths, past its tests'
-    "ape-sinusoidal-random": ["--pe-absolute", "sinusoidal", "--pe-random-positions", "64"],
-    "rope-random": ["--pe-absolute", "none", "--pe-relative", "rope", "--pe-random-positions", "64"],
+    # randomised positions (Ruoss et al. 2023) from [0, 256): past the longest sentence of the quickstart's and
+    # the captions recipe's tests (196 target tokens), 7x the captions' longest training target
+    "ape-sinusoidal-random": ["--pe-absolute", "sinusoidal", "--pe-random-positions", "256"],
+    "rope-random": ["--pe-absolute", "none", "--pe-relative", "rope", "--pe-random-positions", "256"],
 }
 
 _print_lock = threading.Lock()
@@ -164,6 +166,23 @@ def file_digest(path: str) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def parse_decode_variant(spec: str) -> Tuple[str, str, dict]:
+    """``NAME=BASE:OVERRIDES``: system BASE's checkpoints decoded with fairseq's ``--model-overrides``."""
+    name, eq, rest = spec.partition("=")
+    base, colon, literal = rest.partition(":")
+    if not (eq and colon and name and base):
+        raise argparse.ArgumentTypeError(f"--decode-variant {spec!r}: use NAME=BASE:OVERRIDES, e.g. "
+                                         "\"rope-ntk=rope:{'pe_rope_scaling': 'ntk', 'pe_rope_scaling_factor': 4}\"")
+    try:
+        overrides = ast.literal_eval(literal)
+    except (ValueError, SyntaxError):
+        overrides = None
+    if not isinstance(overrides, dict) or not overrides:
+        raise argparse.ArgumentTypeError(f"--decode-variant {spec!r}: OVERRIDES must be a non-empty Python dict, "
+                                         "as fairseq-generate's --model-overrides")
+    return name, base, overrides
 
 
 def parse_extra_test(spec: str) -> (str, str, str):
@@ -339,8 +358,13 @@ def extra_config(args) -> List[dict]:
     return [{"name": name, "source_sha1": file_digest(src)} for name, src, _ in args.extra_test]
 
 
-def system_config(args, flags: List[str], seed: int, name: str = "") -> dict:
-    """The options a system's checkpoint and translations depend on (its data's included)."""
+def system_config(args, flags: List[str], seed: int, name: str = "", variant: Optional[Tuple[str, dict]] = None) -> dict:
+    """The options a system's checkpoint and translations depend on (its data's included); a
+    ``--decode-variant`` (``variant`` = (base, overrides)) adds its base and its overrides."""
+    if variant is not None:
+        base, overrides = variant
+        return {**system_config(args, flags, seed, base), "decode_variant_of": base,
+                "model_overrides": json.loads(json.dumps(overrides))}
     config = {
         "flags": list(flags), "arch": args.arch, "train_flags": args.train_flags, "max_update": args.max_update,
         "max_tokens": args.max_tokens, "lr": args.lr, "warmup": args.warmup, "seed": seed, "beam": args.beam,
@@ -383,7 +407,7 @@ def _differences(have: dict, want: dict) -> List[str]:
     return out
 
 
-def check_workdir(args, systems: Sequence[Tuple[str, List[str]]]) -> dict:
+def check_workdir(args, systems: Sequence[Tuple[str, List[str]]], variants: Optional[Dict[str, tuple]] = None) -> dict:
     """Refuse a folder the quickstart did not make, and (without ``--force``) a work dir whose data
     or systems were made with other options: reusing them would mix settings, rebuilding would
     replace results.  Returns the record to write into ``WORK/quickstart.json``."""
@@ -423,7 +447,8 @@ def check_workdir(args, systems: Sequence[Tuple[str, List[str]]]) -> dict:
         results = os.path.isdir(folder) and any(f == "train.done" or f.startswith("generate-")
                                                  for f in os.listdir(folder))
         if record is not None and results:
-            have_cfg, want_cfg = dict(record.get("config", {})), system_config(args, flags, seed, name)
+            have_cfg = dict(record.get("config", {}))
+            want_cfg = system_config(args, flags, seed, name, (variants or {}).get(name))
             if _renamed_data_seed(have_cfg.pop("data", None) or {}) != want_cfg.pop("data"):
                 problems.append(f"system {name} (seed {seed}): trained on other data")
             problems += [f"system {name} (seed {seed}): {d}" for d in _differences(have_cfg, want_cfg)]
@@ -519,8 +544,10 @@ class SystemRun:
     sentence of it could be translated), the sentence ids that were not translated and why, and
     the subsets whose decoding failed (why)."""
 
-    def __init__(self, checkpoint: str = ""):
+    def __init__(self, checkpoint: str = "", folder: str = "", overrides: Optional[dict] = None):
         self.checkpoint = checkpoint
+        self.folder = folder or os.path.dirname(checkpoint)  # its outputs (a --decode-variant's own)
+        self.overrides = overrides or {}  # --model-overrides of a --decode-variant
         self.outputs: Dict[str, Optional[str]] = {}
         self.skipped: Dict[str, List[int]] = {}
         self.reasons: Dict[str, str] = {}
@@ -535,8 +562,11 @@ def too_long_reason(what: str, sizes: Sequence[int], skipped: Sequence[int], lim
 
 
 def train_and_decode(args, data_bin: str, name: str, flags: List[str], seed: int, tests: Dict[str, int],
-                     sizes: Dict[str, List[int]], what: Dict[str, str]) -> SystemRun:
+                     sizes: Dict[str, List[int]], what: Dict[str, str],
+                     variant: Optional[Tuple[str, dict]] = None) -> SystemRun:
     """fairseq-train (unless trained already) then fairseq-generate on every test subset not decoded yet.
+    A ``--decode-variant`` (``variant`` = (base, overrides)) trains nothing: it decodes the base system's
+    checkpoint of the same seed with ``--model-overrides`` into its own folder.
 
     Each subset is translated from its sources alone (``data-bin/source-only``); sources longer
     than the model's positions are skipped and named, never silently.  A failed decoding marks its
@@ -553,6 +583,21 @@ def train_and_decode(args, data_bin: str, name: str, flags: List[str], seed: int
     record = _read_json(record_path) or {}
     gen_outs = {subset: os.path.join(out, f"generate-{subset}.txt") for subset in tests}
     trained = not args.force and os.path.exists(ckpt) and os.path.exists(os.path.join(out, "train.done"))
+    overrides = []
+    if variant is not None:
+        base_dir = system_dir(args, variant[0], seed)
+        ckpt = os.path.join(base_dir, "checkpoint_last.pt")
+        if not (os.path.exists(ckpt) and os.path.exists(os.path.join(base_dir, "train.done"))):
+            raise RuntimeError(f"--decode-variant {system}: system {variant[0]} (seed {seed}) has no trained "
+                               f"checkpoint ({ckpt})")
+        overrides = ["--model-overrides", repr(variant[1])]
+        want = system_config(args, flags, seed, system, variant)
+        if args.force or record.get("config") != want:  # decoded with other overrides (or --force): again
+            for stale in list(gen_outs.values()) + [os.path.join(out, f"losses-{t}.json") for t in tests]:
+                if os.path.exists(stale):
+                    os.remove(stale)
+            record = {"config": want}
+        trained = True
 
     def too_long(limit) -> Dict[str, List[int]]:
         if limit is None:
@@ -563,8 +608,8 @@ def train_and_decode(args, data_bin: str, name: str, flags: List[str], seed: int
         record["source_positions"] = source_positions(ckpt, data_bin)
         write_json(record_path, record)
 
-    if trained and "source_positions" not in record:  # a work dir of an earlier version: adopted as it is
-        record.setdefault("config", system_config(args, flags, seed, system))
+    if trained and "source_positions" not in record:  # a work dir of an earlier version (or a variant): adopted
+        record.setdefault("config", system_config(args, flags, seed, system, variant))
         remember_limit()
     limit = record.get("source_positions")  # unknown (no checkpoint kept): the outputs have every sentence
     skipped = too_long(limit)
@@ -627,7 +672,7 @@ def train_and_decode(args, data_bin: str, name: str, flags: List[str], seed: int
         limit = record["source_positions"]
         skipped = too_long(limit)
         todo = list(tests)
-    result = SystemRun(ckpt)
+    result = SystemRun(ckpt, out, variant[1] if variant else None)
     for subset, n in tests.items():
         result.skipped[subset] = skipped[subset]
         if skipped[subset]:
@@ -648,7 +693,7 @@ def train_and_decode(args, data_bin: str, name: str, flags: List[str], seed: int
                    "--batch-size", str(args.gen_batch_size), "--required-batch-size-multiple", "1",
                    "--max-len-a", "1.5", "--max-len-b", "10", "--cpu", "--num-workers", "0",
                    "--max-source-positions", str(GENERATE_MAX_POSITIONS),
-                   "--max-target-positions", str(GENERATE_MAX_POSITIONS)]
+                   "--max-target-positions", str(GENERATE_MAX_POSITIONS), *overrides]
         if skipped[subset]:  # exactly these: read_generate_output checks that the others are all there
             gen_cmd.append("--skip-invalid-size-inputs-valid-test")
         if args.data:
@@ -715,10 +760,10 @@ def reference_losses(args, data_bin: str, run: SystemRun, subset: str, name: str
     system's folder as ``losses-SUBSET.json``."""
     from fairseq_pe import bucket_loss
 
-    cache = os.path.join(os.path.dirname(run.checkpoint), f"losses-{subset}.json")
+    cache = os.path.join(run.folder, f"losses-{subset}.json")
     stored = _read_json(cache)
     if stored is None:
-        model, task = bucket_loss.load_system(name, run.checkpoint, data_bin, {}, cpu=True)
+        model, task = bucket_loss.load_system(name, run.checkpoint, data_bin, run.overrides, cpu=True)
         dataset, _ = bucket_loss.binary_test_set(task, subset, data_bin, train=False)
         losses = bucket_loss.score_references(model, task, dataset, args.max_tokens, "report", name)
         stored = [{"nll": None if x.nll is None else [round(v, 5) for v in x.nll], "why": x.why} for x in losses]
@@ -826,6 +871,11 @@ def get_parser():
                         "column NAME of the same table; repeat for several")
     p.add_argument("--systems", nargs="+", default=list(DEFAULT_SYSTEMS),
                    help="encodings to compare: names of defaults or NAME=FLAGS")
+    p.add_argument("--decode-variant", type=parse_decode_variant, action="append", default=[],
+                   metavar="NAME=BASE:OVERRIDES",
+                   help="one more row NAME: the checkpoints of system BASE (one of --systems) decoded and scored "
+                        "with fairseq's --model-overrides OVERRIDES (a Python dict), without training, e.g. "
+                        "\"rope-ntk=rope:{'pe_rope_scaling': 'ntk', 'pe_rope_scaling_factor': 4}\"; repeat for several")
     p.add_argument("--arch", default="transformer_pe_tiny")
     p.add_argument("--train-flags", default="", help="more fairseq-train flags for every system (one string)")
     p.add_argument("--train-size", type=int, default=20000, help="synthetic training pairs")
@@ -870,6 +920,17 @@ def run_quickstart(args) -> Dict[str, Dict[str, dict]]:
         raise UserError(f"--bootstrap {args.bootstrap}: give a number of resamples (0 for none; 1000 is usual)")
     if len({n for n, _ in systems}) != len(systems):
         raise UserError("--systems: names must be unique")
+    trained_systems = dict(systems)
+    variants = {}
+    for name, base, overrides in args.decode_variant:
+        if base not in trained_systems:
+            raise UserError(f"--decode-variant {name}={base}:...: {base} is not one of --systems "
+                            f"({' '.join(trained_systems)}); add it there")
+        if name in trained_systems or name in variants:
+            raise UserError(f"--decode-variant {name}: the name is taken; choose another")
+        variants[name] = (base, overrides)
+        # its row's flags: how to reproduce it with fairseq's CLIs
+        systems.append((name, trained_systems[base] + ["--model-overrides", repr(overrides)]))
     for name, _ in systems:
         if not name or "/" in name or name.startswith("."):
             raise UserError(f"--systems: {name!r} cannot be a folder name")
@@ -888,7 +949,7 @@ def run_quickstart(args) -> Dict[str, Dict[str, dict]]:
         check_data(args)
     check_extra_tests(args)
     check_inputs_outside_outputs(args, extra_names)
-    record = check_workdir(args, systems)
+    record = check_workdir(args, systems, variants)
     os.makedirs(args.workdir, exist_ok=True)
     write_json(os.path.join(args.workdir, WORK_MARKER), record)
     for quiet in ("fairseq", "matplotlib", "PIL"):  # importing fairseq (positions of the models) turns on DEBUG
@@ -903,21 +964,24 @@ def run_quickstart(args) -> Dict[str, Dict[str, dict]]:
     what = {"test": "test", **{f"test{i}": name for i, name in enumerate(extra_names, start=1)}}
     sizes = source_sizes(args, data_bin, list(tests))
     seeds = args.seeds
-    runs = [(name, flags, seed) for seed in seeds for name, flags in systems]
-    log(f"{len(systems)} systems x {len(seeds)} seed(s) {seeds}: {len(runs)} trainings, {args.jobs} at a time, "
-        f"{args.max_update} updates each")
+    runs = [(name, flags, seed) for seed in seeds for name, flags in systems if name not in variants]
+    log(f"{len(trained_systems)} systems x {len(seeds)} seed(s) {seeds}: {len(runs)} trainings, {args.jobs} at a "
+        f"time, {args.max_update} updates each" + (f"; then {len(variants)} decoding variant(s)" if variants else ""))
     outputs: Dict[Tuple[str, int], SystemRun] = {}
     failures: Dict[str, str] = {}
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {pool.submit(train_and_decode, args, data_bin, name, flags, seed, tests, sizes, what): (name, seed)
-                   for name, flags, seed in runs}
-        for future in as_completed(futures):
-            name, seed = futures[future]
-            try:
-                outputs[name, seed] = future.result()
-            except Exception as e:  # report at once, finish the others, fail at the end
-                failures[f"{name} (seed {seed})"] = str(e)
-                log(f"{name} (seed {seed}): FAILED\n{e}")
+    # the variants decode their bases' checkpoints: they start once every training has ended
+    for stage in (runs, [(name, flags, seed) for seed in seeds for name, flags in systems if name in variants]):
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            futures = {pool.submit(train_and_decode, args, data_bin, name, flags, seed, tests, sizes, what,
+                                   variants.get(name)): (name, seed)
+                       for name, flags, seed in stage}
+            for future in as_completed(futures):
+                name, seed = futures[future]
+                try:
+                    outputs[name, seed] = future.result()
+                except Exception as e:  # report at once, finish the others, fail at the end
+                    failures[f"{name} (seed {seed})"] = str(e)
+                    log(f"{name} (seed {seed}): FAILED\n{e}")
     # a system is in the tables when every seed of it trained: a mean over fewer seeds would not compare
     complete = [name for name, _ in systems if all((name, seed) in outputs for seed in seeds)]
     if not complete:

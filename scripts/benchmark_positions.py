@@ -13,7 +13,10 @@ is the plugin's model of the same size (``transformer_pe_wmt_en_de`` / ``transfo
   (FLOATER at every block's input) and ``floater-bias`` (FLOATER Q/K/V biases);
 * ``ape-sinusoidal-fairseq`` (``--pe-absolute sinusoidal-fairseq``: fairseq's own sinusoids, the
   plugin's cost over stock with the same positions) and ``floater-input`` (``--pe-absolute
-  floater`` at the embedding layer only).
+  floater`` at the embedding layer only);
+* the extrapolation encodings since 2021, the quickstart's other named systems: ``kerple-log``,
+  ``kerple-power``, ``xpos``, ``sandwich``, ``fire``, and randomised positions with the sinusoidal
+  APE and with RoPE (``ape-sinusoidal-random``, ``rope-random``; L = ``max(--lengths)`` + 8 here).
 
 ``--systems`` picks a subset; ``stock`` is always measured, first in every round, and every ratio
 is to the ``stock`` figure of the same run.
@@ -106,9 +109,13 @@ PLUGIN = os.path.join(REPO, "fairseq_pe")
 sys.path.insert(0, REPO)
 from fairseq_pe.errors import UserError, cli  # noqa: E402
 from fairseq_pe.outputs import check_new_files, savefig, write_json, write_text  # noqa: E402
-from fairseq_pe.quickstart import DEFAULT_SYSTEMS  # noqa: E402  (the encodings and their flags)
+from fairseq_pe.quickstart import DEFAULT_SYSTEMS, NAMED_SYSTEMS  # noqa: E402  (the encodings and their flags)
 
 STOCK = "stock"
+
+
+#: the quickstart's named systems that are not measured (Shaw et al.'s pairing: its parts are)
+NOT_MEASURED = {"ape-sin+rpe-learned"}
 
 
 def _systems():
@@ -119,7 +126,19 @@ def _systems():
         systems[name] = list(flags)
         if name == "ape-sinusoidal":
             systems["ape-sinusoidal-fairseq"] = ["--pe-absolute", "sinusoidal-fairseq"]
+    for name, flags in NAMED_SYSTEMS.items():  # the extrapolation encodings since 2021
+        if name not in systems and name not in NOT_MEASURED:
+            systems[name] = list(flags)
     return systems
+
+
+def system_flags(args, name):
+    """A plugin system's flags; randomised positions draw from [0, L) with L past the longest sentence
+    measured (``max(--lengths)`` + 8, as ``--max-source-positions``), since a sequence has at most L tokens."""
+    flags = list(SYSTEMS[name])
+    if "--pe-random-positions" in flags:
+        flags[flags.index("--pe-random-positions") + 1] = str(max(args.lengths) + 8)
+    return flags
 
 
 #: plugin systems: name -> fairseq-train flags (on top of --arch)
@@ -156,7 +175,8 @@ TARGETS = [
      "train_s": 1.02, f"encoder_{TARGET_LENGTH}": 1.10, "generate_s": 1.02},
     {"group": "FLOATER input and all blocks", "systems": ["floater", "floater-input"],
      "train_s": 1.08, f"encoder_{TARGET_LENGTH}": 1.20, "generate_s": 1.02},
-    {"group": "RoPE, ALiBi, T5, KERPLE, Sandwich, xPos", "systems": ["rope", "alibi", "t5", "kerple-*", "sandwich", "xpos"],
+    {"group": "RoPE, ALiBi, T5, KERPLE, Sandwich, FIRE, xPos", "systems": ["rope", "rope-random", "alibi", "t5",
+                                                                        "kerple-*", "sandwich", "fire", "xpos"],
      "train_s": 1.08, f"encoder_{TARGET_LENGTH}": 1.5, "generate_s": 1.05},
     {"group": "Shaw, NEZHA, learnable-sin RPE", "systems": ["rpe-*"],
      "train_s": 1.20, f"encoder_{TARGET_LENGTH}": 2.0, "generate_s": 1.10},
@@ -370,7 +390,7 @@ def commands(args, name, data, save):
     if name == STOCK:
         model = ["--arch", args.stock_arch, *args.stock_flags_list]
     else:
-        model = ["--user-dir", PLUGIN, "--arch", args.arch, *SYSTEMS[name]]
+        model = ["--user-dir", PLUGIN, "--arch", args.arch, *system_flags(args, name)]
     model += MODEL_FLAGS
     train = ["fairseq-train", data, *model,
              "--optimizer", "adam", "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "100",
@@ -385,7 +405,7 @@ def commands(args, name, data, save):
                 "--batch-size", "16", "--required-batch-size-multiple", "1", "--min-len", str(args.gen_len),
                 "--max-len-a", "0", "--max-len-b", str(args.gen_len), "--cpu", "--num-workers", "0"]
     # the encoder child: (stock|plugin) ARCH T THREADS VOCAB FLAGS
-    encoder_model = [*(args.stock_flags_list if name == STOCK else SYSTEMS[name]), *MODEL_FLAGS]
+    encoder_model = [*(args.stock_flags_list if name == STOCK else system_flags(args, name)), *MODEL_FLAGS]
     encoder = ["stock" if name == STOCK else "plugin", REPO, args.stock_arch if name == STOCK else args.arch,
                "T", str(args.threads), str(args.vocab), *encoder_model]
     return {"train": train, "generate": generate, "encoder": encoder}
@@ -695,7 +715,7 @@ def benchmark(argv):
         log(f"warning: load average {machine['load_before']:.1f} on {os.cpu_count()} CPUs: other processes are "
             f"running; {args.threads} thread{'s' if args.threads > 1 else ''} will not get cores of their own and "
             "the times will be unreliable")
-    results = {name: {"flags": " ".join(SYSTEMS.get(name, args.stock_flags_list)), "commands": cmds[name],
+    results = {name: {"flags": " ".join(args.stock_flags_list if name == STOCK else system_flags(args, name)), "commands": cmds[name],
                       "sizes": stock_sizes if name == STOCK else plugin_sizes, "rounds": []} for name in systems}
     for round_ in range(1, args.repeats + 1):
         # every round measures all systems again, stock first; a time is the fastest round, which

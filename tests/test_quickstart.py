@@ -242,3 +242,35 @@ def test_a_work_dir_of_the_version_before_seeds_is_adopted(tmp_path):
     assert "moved into" in again.stdout
     assert os.path.isfile(system / "seed-1" / "checkpoint_last.pt") and not os.path.exists(system / "checkpoint_last.pt")
     assert json.load(open(work / "results.json"))["systems"] == before
+
+
+def test_a_decode_variant_scores_the_base_checkpoints_with_model_overrides(tmp_path):
+    """--decode-variant NAME=BASE:OVERRIDES: no training, the base's checkpoint decoded and its references
+    scored under fairseq's --model-overrides (RoPE scaling at inference), a row of its own; changing the
+    overrides of a decoded variant needs --force."""
+    work = str(tmp_path / "qs")
+    pi = "rope-pi=rope:{'pe_rope_scaling': 'linear', 'pe_rope_scaling_factor': 4}"
+    cmd = ["fairseq-pe-quickstart", "--workdir", work, "--train-size", "300", "--test-per-bucket", "4",
+           "--buckets", "1,9,17", "--systems", "rope", "--decode-variant", pi, *SMALL]
+    out = cli(*cmd)
+    check_results(work, ["rope", "rope-pi"], ["[1,9)", "[9,17)"], [4, 4])
+    base, variant = (os.path.join(work, "systems", n, "seed-1") for n in ("rope", "rope-pi"))
+    assert not any(f.endswith(".pt") or f == "train.log" for f in os.listdir(variant))  # nothing trained
+    assert "'model_overrides': \"{'pe_rope_scaling': 'linear'" in open(os.path.join(variant, "generate-test.txt")).read()
+    losses = [json.load(open(os.path.join(d, "losses-test.json"))) for d in (base, variant)]
+    assert len(losses[0]) == len(losses[1]) == 8
+    assert any(abs(a - b) > 1e-4 for x, y in zip(*losses) for a, b in zip(x["nll"], y["nll"]))  # positions / 4
+    res = json.load(open(os.path.join(work, "results.json")))
+    assert res["flags"]["rope-pi"][-2:] == ["--model-overrides",
+                                            "{'pe_rope_scaling': 'linear', 'pe_rope_scaling_factor': 4}"]
+    assert "1 decoding variant" in out.stdout
+    # other overrides for the decoded variant: refused without --force, naming it
+    ntk = pi.replace("linear", "ntk")
+    again = cli(*[ntk if c == pi else c for c in cmd], check=False)
+    assert again.returncode != 0 and "system rope-pi (seed 1)" in again.stderr and "--force" in again.stderr
+    bad = cli("fairseq-pe-quickstart", "--workdir", str(tmp_path / "b"), "--systems", "alibi",
+              "--decode-variant", pi, check=False)
+    assert bad.returncode != 0 and "--decode-variant rope-pi=rope" in bad.stderr and "--systems" in bad.stderr
+    bad = cli("fairseq-pe-quickstart", "--workdir", str(tmp_path / "b"), "--decode-variant", "rope-pi=rope:[4]",
+              check=False)
+    assert bad.returncode != 0 and "OVERRIDES must be a non-empty Python dict" in bad.stderr

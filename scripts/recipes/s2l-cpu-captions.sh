@@ -8,9 +8,16 @@
 # 42,067 pairs after 1,000 valid and 1,000 "short" test pairs are held back.  The 6,960 longer pairs are
 # tested in the bins [20,25), [25,30), [30,40), [40,inf) tokens, so every test source is longer, as the model
 # sees it, than every training source (a word threshold would not ensure that: a 15-word caption can have
-# 47 tokens).  Every encoding of the quickstart (13; floater-warm: half the updates sinusoidal, then FLOATER),
+# 47 tokens).  Every encoding of the quickstart (13; floater-warm: half the updates sinusoidal, then FLOATER) and the
+# extrapolation encodings since 2021 (KERPLE log and power, Sandwich, FIRE, xPos, randomised positions [0, 256)
+# with the sinusoidal APE and with RoPE),
 # transformer_pe_tiny, 1,200 updates of 2,048 tokens (about 6.5 min per run on one core), seeds 1 2 3,
 # two runs at a time.
+# RoPE context extension at inference: the rope checkpoints are also decoded and scored with Position
+# Interpolation, NTK-aware scaling and YaRN (factor ROPE_SCALING_FACTOR, default 4: a source of 4x the
+# training length keeps its angles within the trained range; YaRN's original length 37 = the longest training
+# target with </s>), through fairseq's --model-overrides and no retraining (rows rope-pi, rope-ntk, rope-yarn;
+# ROPE_SCALING_FACTOR=none leaves them out).
 # It is scripts/recipes/s2l-cpu-en-de.sh with these settings; every variable of that recipe (SEEDS,
 # SYSTEMS, MAX_UPDATE, JOBS, ...) overrides them.  A re-run resumes: finished runs are reused.
 set -euo pipefail
@@ -20,7 +27,14 @@ export CORPUS_DIRS=${CORPUS_DIRS:-"$DATA/multi30k $DATA/tatoeba"}
 export UNIT=${UNIT:-subword} THRESHOLD=${THRESHOLD:-20} BINS=${BINS:-20,25,30,40+} SPM_VOCAB=${SPM_VOCAB:-6000}
 export MAX_UPDATE=${MAX_UPDATE:-1200} MAX_TOKENS=${MAX_TOKENS:-2048} LR=${LR:-0.005} WARMUP=${WARMUP:-200}
 export SEEDS=${SEEDS:-"1 2 3"}
-export SYSTEMS=${SYSTEMS:-"none ape-learned ape-sinusoidal ape-learnable-sin rpe-learned rpe-sinusoidal rpe-learnable-sin rope alibi t5 floater floater-bias floater-warm"}
+export SYSTEMS=${SYSTEMS:-"none ape-learned ape-sinusoidal ape-learnable-sin rpe-learned rpe-sinusoidal rpe-learnable-sin rope alibi t5 floater floater-bias floater-warm kerple-log kerple-power sandwich fire xpos ape-sinusoidal-random rope-random"}
 WORK=${1:-s2l-cpu-captions-work}
 [ $# -gt 0 ] && shift
-exec bash "$REPO/scripts/recipes/s2l-cpu-en-de.sh" "$WORK" "$@"
+FACTOR=${ROPE_SCALING_FACTOR:-4}
+VARIANTS=()
+if [ "$FACTOR" != none ] && [[ " $SYSTEMS " == *" rope "* ]]; then
+    VARIANTS=(--decode-variant "rope-pi=rope:{'pe_rope_scaling': 'linear', 'pe_rope_scaling_factor': $FACTOR}"
+              --decode-variant "rope-ntk=rope:{'pe_rope_scaling': 'ntk', 'pe_rope_scaling_factor': $FACTOR}"
+              --decode-variant "rope-yarn=rope:{'pe_rope_scaling': 'yarn', 'pe_rope_scaling_factor': $FACTOR, 'pe_rope_scaling_original_length': 37}")
+fi
+exec bash "$REPO/scripts/recipes/s2l-cpu-en-de.sh" "$WORK" "${VARIANTS[@]}" "$@"
