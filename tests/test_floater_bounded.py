@@ -91,6 +91,16 @@ def test_a_checkpoint_from_before_the_bound_stays_unbounded():
     assert again.floater.dynamics.bound == 1.0
 
 
+def test_a_model_without_floater_from_before_the_new_defaults_builds():
+    """Checkpoints made before Δt's default became 0.1 store pe_floater_dt = 0.01 whatever their encoding: a
+    RoPE checkpoint of then must still load; another value given without FLOATER is still refused."""
+    from fairseq_pe.errors import UserError
+    model, _ = build_model("--pe-absolute", "none", "--pe-relative", "rope", "--pe-floater-dt", "0.01")
+    assert model.floater is None
+    with pytest.raises(UserError, match="--pe-floater-dt: FLOATER options need"):
+        build_model("--pe-absolute", "none", "--pe-relative", "rope", "--pe-floater-dt", "0.05")
+
+
 @pytest.fixture(scope="module")
 def short_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("short")

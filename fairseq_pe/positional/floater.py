@@ -248,6 +248,11 @@ FLOATER_DEFAULTS = {
 }
 
 
+#: Defaults that earlier releases stored in every checkpoint's args, FLOATER or not (Δt was 0.01 before the
+#: bounded dynamics): a model without FLOATER that carries one of these values is not refused for it
+EARLIER_DEFAULTS = {"pe_floater_dt": (0.01,)}
+
+
 def uses_floater(args) -> bool:
     return getattr(args, "pe_absolute", None) == "floater" or bool(getattr(args, "pe_floater_bias", False))
 
@@ -284,6 +289,7 @@ def validate_floater_args(args):
     given = {name for name, default in FLOATER_DEFAULTS.items()
              if name != "pe_floater_bias" and getattr(args, name, default) not in (None, default)}
     if not uses_floater(args):
+        given = {name for name in given if getattr(args, name) not in EARLIER_DEFAULTS.get(name, ())}
         if given:
             flags = ", ".join("--" + n.replace("_", "-") for n in sorted(given))
             raise UserError(f"{flags}: FLOATER options need --pe-absolute floater or --pe-floater-bias")
