@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The short-to-long (S2L) split of FLOATER §4.3: train on pairs whose source has < 80 tokens, test
 # on every pair with >= 80, in bins [80,100), [100,120), [120,140), [140,inf).  Thin wrapper around
-# fairseq_pe/s2l.py (installed as `fairseq-pe-s2l-split`); see `--help` for every option.
+# fairseq_pe/translation/s2l.py (installed as `fairseq-pe-s2l-split`); see `--help` for every option.
 #
 # Usage: data-prep/s2l-split.sh --corpus PREFIX [PREFIX ...] | --corpus-dir DIR  -s SRC -t TGT --out DIR
 #            [--spm-model M | --spm-vocab-size 8000] [--unit subword|word] [--threshold 80]
@@ -12,4 +12,4 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
-exec "${PYTHON:-python}" -m fairseq_pe.s2l "$@"
+exec "${PYTHON:-python}" -m fairseq_pe.translation.s2l "$@"

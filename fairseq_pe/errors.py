@@ -69,7 +69,7 @@ def as_user_errors():
 
 def console_script_name(function):
     """The console script (setup.py's entry points) whose module defines ``function``, if any:
-    ``python -m fairseq_pe.quickstart`` then reports errors as ``fairseq-pe-quickstart``."""
+    ``python -m fairseq_pe.translation.quickstart`` then reports errors as ``fairseq-pe-quickstart``."""
     from importlib.metadata import entry_points
 
     try:

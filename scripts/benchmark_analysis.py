@@ -64,7 +64,7 @@ def main(argv=None):
         for r in range(args.repeats):
             for name in systems:
                 ckpt = os.path.join(tmp, name, "checkpoint.pt")
-                cmd = [sys.executable, "-m", "fairseq_pe.analyze", ckpt, "--out", os.path.join(args.out, "analysis"),
+                cmd = [sys.executable, "-m", "fairseq_pe.analysis.cli", ckpt, "--out", os.path.join(args.out, "analysis"),
                        "--quiet", "--force", *args.analyze_args]
                 start = time.perf_counter()
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -7,7 +7,7 @@ positions) by default, or ``transformer_iwslt_de_en`` with ``--size iwslt``.  Ev
 is the plugin's model of the same size (``transformer_pe_wmt_en_de`` / ``transformer_pe_iwslt_de_en``,
 ``fairseq-train --user-dir fairseq_pe``) with one position encoding:
 
-* the encodings of ``fairseq_pe.quickstart.DEFAULT_SYSTEMS``: ``none``, the APEs (``ape-learned``,
+* the encodings of ``fairseq_pe.translation.quickstart.DEFAULT_SYSTEMS``: ``none``, the APEs (``ape-learned``,
   ``ape-sinusoidal``, ``ape-learnable-sin``), the RPEs (``rpe-learned`` = Shaw et al.,
   ``rpe-sinusoidal`` = NEZHA, ``rpe-learnable-sin``), ``rope``, ``alibi``, ``t5``, ``floater``
   (FLOATER at every block's input) and ``floater-bias`` (FLOATER Q/K/V biases);
@@ -109,7 +109,7 @@ PLUGIN = os.path.join(REPO, "fairseq_pe")
 sys.path.insert(0, REPO)
 from fairseq_pe.errors import UserError, cli  # noqa: E402
 from fairseq_pe.outputs import check_new_files, savefig, write_json, write_text  # noqa: E402
-from fairseq_pe.quickstart import DEFAULT_SYSTEMS, NAMED_SYSTEMS  # noqa: E402  (the encodings and their flags)
+from fairseq_pe.translation.quickstart import DEFAULT_SYSTEMS, NAMED_SYSTEMS  # noqa: E402  (the encodings and their flags)
 
 STOCK = "stock"
 

@@ -8,5 +8,5 @@ set -euo pipefail
 HERE=$(dirname "$0")
 bash "$HERE/install.sh"
 PY=$("${PYTHON:-python3}" "$HERE/python_env.py" 2>/dev/null)
-"$PY" -m fairseq_pe.quickstart "$@"
+"$PY" -m fairseq_pe.translation.quickstart "$@"
 "$PY" "$HERE/python_env.py" --hint

@@ -102,9 +102,9 @@ def exit_status(main, argv):
 
 
 def synthetic_data_bin(root, **corpus) -> str:
-    """A synthetic translation corpus (:func:`fairseq_pe.synthetic.write_corpus` with ``corpus``) in
+    """A synthetic translation corpus (:func:`fairseq_pe.translation.synthetic.write_corpus` with ``corpus``) in
     ``root/raw``, binarised by ``fairseq-preprocess --joined-dictionary`` into ``root/bin`` (returned)."""
-    from fairseq_pe.synthetic import write_corpus
+    from fairseq_pe.translation.synthetic import write_corpus
 
     raw = write_corpus(str(root / "raw"), **corpus)
     dest = str(root / "bin")

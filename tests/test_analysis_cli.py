@@ -20,7 +20,7 @@ from fairseq_pe.analysis import AnalysisError, AnalysisOptions, analyze, load_ch
 from fairseq_pe.analysis.checkpoint import CheckpointError, save_untrained_checkpoint
 from fairseq_pe.analysis.properties import proximity
 from fairseq_pe.positional.sinusoidal import transformer_frequencies
-from fairseq_pe.synthetic import write_corpus
+from fairseq_pe.translation.synthetic import write_corpus
 
 from helpers import PLUGIN, cli
 
@@ -219,7 +219,7 @@ def test_roberta_checkpoints_stock_and_floater(tmp_path):
 def test_out_is_replaced_only_with_force_and_never_over_a_checkpoint(tmp_path, capsys):
     """Issue 14: a second analysis into the same --out needs --force (then pictures this analysis does
     not draw are removed); no output may be a checkpoint analysed; every error is one line."""
-    from fairseq_pe import analyze as tool
+    from fairseq_pe.analysis import cli as tool
 
     def main(*argv):
         try:

@@ -3,7 +3,7 @@
 import pytest
 import sacrebleu
 
-from fairseq_pe.bleu import GenerateOutputError, bucketed_bleu, read_generate_output
+from fairseq_pe.translation.bleu import GenerateOutputError, bucketed_bleu, read_generate_output
 
 SOURCES = ["a b", "a b c d e", "a b c", "a b c d e f g"]
 REFS = ["x y", "x y z w v", "x z y", "x y z w v u t"]
@@ -66,7 +66,7 @@ def test_misaligned_inputs_are_an_error():
 def test_bootstrap_interval_is_sacrebleus_own():
     import sacrebleu
 
-    from fairseq_pe.bleu import bucketed_bleu
+    from fairseq_pe.translation.bleu import bucketed_bleu
 
     refs = [f"the cat number {i} sat on the mat today" for i in range(40)]
     hyps = [r if i % 3 else r.replace("cat", "dog").replace("today", "") for i, r in enumerate(refs)]

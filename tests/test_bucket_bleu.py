@@ -118,7 +118,7 @@ def test_files_of_different_lengths_are_refused(files):
 
 def run_main(capsys, *argv):
     """``fairseq-pe-bucket-bleu`` in-process: (exit status, stderr)."""
-    from fairseq_pe import bucket_bleu as tool
+    from fairseq_pe.translation import bucket_bleu as tool
 
     try:
         tool.main(list(argv))
@@ -168,8 +168,8 @@ def test_user_mistakes_are_one_line_errors(files, capsys):
 
 
 def test_sentences_not_translated_are_named_and_their_scores_marked():
-    from fairseq_pe.bleu import GenerateOutputError, bucketed_bleu, read_generate_output
-    from fairseq_pe.bucket_bleu import format_table
+    from fairseq_pe.translation.bleu import GenerateOutputError, bucketed_bleu, read_generate_output
+    from fairseq_pe.translation.bucket_bleu import format_table
 
     import tempfile
 

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from fairseq_pe import bucket_loss
-from fairseq_pe.bleu import parse_buckets
-from fairseq_pe.bucket_loss import BEYOND, SentenceLoss, aggregate, per_position, position_ranges
+from fairseq_pe.translation import bucket_loss
+from fairseq_pe.translation.bleu import parse_buckets
+from fairseq_pe.translation.bucket_loss import BEYOND, SentenceLoss, aggregate, per_position, position_ranges
 from fairseq_pe.outputs import train_sentencepiece
 
 from helpers import PLUGIN, cli, exit_status, synthetic_data_bin

@@ -19,8 +19,8 @@ import torch
 
 from fairseq import checkpoint_utils
 
-from fairseq_pe.bleu import read_generate_output
-from fairseq_pe.synthetic import write_corpus
+from fairseq_pe.translation.bleu import read_generate_output
+from fairseq_pe.translation.synthetic import write_corpus
 
 from helpers import PLUGIN, cli
 

@@ -16,7 +16,7 @@ from fairseq import checkpoint_utils
 
 from fairseq_pe.positional.floater import FloaterFlow, _StackedField, fairseq_style_floater_args
 from fairseq_pe.positional.floater_bias import FloaterAttentionBias
-from fairseq_pe.synthetic import write_corpus
+from fairseq_pe.translation.synthetic import write_corpus
 
 from helpers import PLUGIN, build_model, cli
 

@@ -10,7 +10,7 @@ import torch
 
 from fairseq import checkpoint_utils
 
-from fairseq_pe.synthetic import write_corpus
+from fairseq_pe.translation.synthetic import write_corpus
 
 from helpers import PLUGIN, cli
 

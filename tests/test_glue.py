@@ -12,7 +12,7 @@
   ``fairseq-train --task masked_lm`` (2 updates), ``fairseq-train --task sentence_prediction
   --restore-file ...`` with the flags of ``task.json`` (2 updates), then ``fairseq-pe-glue-eval``
   on the reloaded checkpoint: every dev example evaluated once, the metric equal to the one
-  fairseq-train printed for the same checkpoint, and :func:`fairseq_pe.glue.evaluate` in-process
+  fairseq-train printed for the same checkpoint, and :func:`fairseq_pe.bert.glue.evaluate` in-process
   giving the same numbers.
 """
 
@@ -24,7 +24,7 @@ import subprocess
 
 import pytest
 
-from fairseq_pe import glue as glue_eval
+from fairseq_pe.bert import glue as glue_eval
 from fairseq_pe.data_prep import glue as prep
 from fairseq_pe.data_prep.glue import GlueError
 

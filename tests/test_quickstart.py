@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from fairseq_pe.quickstart import parse_buckets
+from fairseq_pe.translation.quickstart import parse_buckets
 
 from helpers import cli, shared_data
 
@@ -141,7 +141,7 @@ def test_long_references_are_translated_and_long_sources_marked(tmp_path):
     but whose source fits are translated from the source alone and scored against the whole
     reference; a test set with sources beyond the table gets its column marked n/a with the
     reason, and the system keeps its row and every other column."""
-    from fairseq_pe.synthetic import write_corpus
+    from fairseq_pe.translation.synthetic import write_corpus
 
     raw = write_corpus(str(tmp_path / "syn"), train_size=10, valid_size=2, test_buckets=[(3, 8), (25, 30)],
                        test_per_bucket=3, seed=9)
@@ -209,7 +209,7 @@ def test_a_folder_the_quickstart_did_not_make_is_never_used(tmp_path):
 
 
 def test_a_failed_decoding_marks_its_column_and_is_reported():
-    from fairseq_pe.quickstart import SystemRun, subset_scores
+    from fairseq_pe.translation.quickstart import SystemRun, subset_scores
 
     run = SystemRun()
     run.outputs["test1"], run.errors["test1"] = None, "decoding failed (fairseq-generate; its log: x.log)"

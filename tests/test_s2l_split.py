@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from fairseq_pe.bleu import parse_buckets
-from fairseq_pe.s2l import s2l_split
+from fairseq_pe.translation.bleu import parse_buckets
+from fairseq_pe.translation.s2l import s2l_split
 
 from helpers import cli, shared_data
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from fairseq_pe.bucket_bleu import format_table
+from fairseq_pe.translation.bucket_bleu import format_table
 from fairseq_pe.seeds import combine, describe, mean_sd
 
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from helpers import PLUGIN, cli, exit_status, shared_data
 
-from fairseq_pe import squad
+from fairseq_pe.bert import squad
 from fairseq_pe.data_prep import squad as prep
 
 # The tests marked shared_data read the official dev set (../shared/data/squad/dev-v1.1.json, CC BY-SA,

@@ -7,7 +7,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from fairseq_pe.bucket_bleu import pyplot
+from fairseq_pe.translation.bucket_bleu import pyplot
 
 
 def _save(plt, fig, path: str, title: str = ""):

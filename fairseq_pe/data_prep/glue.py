@@ -112,7 +112,7 @@ class TaskSpec:
     name: str
     pair: bool
     labels: Optional[Tuple[str, ...]]  # class order; None: regression
-    metric: str  # the main metric (a key of fairseq_pe.glue.glue_metrics)
+    metric: str  # the main metric (a key of fairseq_pe.bert.glue.glue_metrics)
     metrics: Tuple[str, ...]
     files: Dict[str, Tuple[str, ...]]  # split -> candidate paths relative to the task folder
     # header column names: text0, text1, label (alternatives)

@@ -16,7 +16,7 @@ import re
 from collections import defaultdict
 
 from fairseq_pe.seeds import mean_sd
-from fairseq_pe.squad import evaluate_v1, f1_v1, iter_questions
+from fairseq_pe.bert.squad import evaluate_v1, f1_v1, iter_questions
 
 BUCKETS = [(0, 128, "< 128"), (128, 256, "128-255"), (256, 1 << 30, ">= 256")]
 
@@ -189,7 +189,7 @@ def main():
 
 def plot(rows, path):
     """SST-2 accuracy and SQuAD F1 by answer position, bars with the standard deviation over seeds."""
-    from fairseq_pe.bucket_bleu import pyplot
+    from fairseq_pe.translation.bucket_bleu import pyplot
 
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))

@@ -1,7 +1,7 @@
 """``fairseq-pe-quickstart``: train one tiny model per position encoding, BLEU per length bucket.
 
 On a machine with no data and no network it builds the synthetic short-to-long task of
-:mod:`fairseq_pe.synthetic` (training sentences of at most 16 words, test sentences up to
+:mod:`fairseq_pe.translation.synthetic` (training sentences of at most 16 words, test sentences up to
 48), binarises it with ``fairseq-preprocess``, trains ``transformer_pe_tiny`` once per
 encoding with ``fairseq-train --user-dir fairseq_pe``, decodes the test set with
 ``fairseq-generate`` and prints tables of sacreBLEU, length ratio and the references'
@@ -44,14 +44,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fairseq_pe.bleu import GenerateOutputError, bucket_label, bucketed_bleu, parse_buckets, read_generate_output
-from fairseq_pe.bucket_bleu import format_table, write_outputs
+from fairseq_pe.translation.bleu import GenerateOutputError, bucket_label, bucketed_bleu, parse_buckets, read_generate_output
+from fairseq_pe.translation.bucket_bleu import format_table, write_outputs
 from fairseq_pe.errors import UserError, cli
 from fairseq_pe.seeds import combine
 from fairseq_pe.seeds import describe as describe_seeds
 from fairseq_pe.outputs import atomic_path, same_file, train_sentencepiece, write_json, write_text
 
-PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__))
+PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # fairseq_pe, for --user-dir
 #: what a work dir is recognised by, with the options its data were built with
 WORK_MARKER = "quickstart.json"
 #: the folders and files the quickstart writes in its work dir
@@ -226,7 +226,7 @@ def prepare_corpus(args) -> str:
     raw = os.path.join(args.workdir, "raw")
     if args.data:
         return args.data
-    from fairseq_pe.synthetic import write_corpus
+    from fairseq_pe.translation.synthetic import write_corpus
 
     write_corpus(raw, train_size=args.train_size, test_per_bucket=args.test_per_bucket, seed=args.data_seed,
                  src=args.source_lang, tgt=args.target_lang,
@@ -711,7 +711,7 @@ def train_and_decode(args, data_bin: str, name: str, flags: List[str], seed: int
 
 def test_lengths(args, sources: Sequence[str]) -> List[int]:
     """Source length of each test line in ``--length-unit``."""
-    from fairseq_pe.s2l import source_lengths
+    from fairseq_pe.translation.s2l import source_lengths
 
     if args.length_unit == "word":
         return source_lengths(sources, "word")
@@ -724,7 +724,7 @@ def test_lengths(args, sources: Sequence[str]) -> List[int]:
 def subset_scores(run: SystemRun, subset: str, refs: Sequence[str], lengths: Sequence[int], buckets,
                   failures: List[str], name: str, column: str, bootstrap: int = 0) -> Dict[str, dict]:
     """The scores of one test subset; those that need a sentence that was not translated, or all of
-    them when the decoding failed, are :func:`~fairseq_pe.bleu.unavailable` with the reason."""
+    them when the decoding failed, are :func:`~fairseq_pe.translation.bleu.unavailable` with the reason."""
     n = len(refs)
     reason = run.errors.get(subset) or run.reasons.get(subset)
     hyps: List[Optional[str]] = [None] * n
@@ -758,7 +758,7 @@ def reference_losses(args, data_bin: str, run: SystemRun, subset: str, name: str
     """The teacher-forced NLL of every reference of a test subset, as ``fairseq-pe-bucket-loss``
     scores it (sentences beyond the model's positions: ``nll`` None and the reason); cached in the
     system's folder as ``losses-SUBSET.json``."""
-    from fairseq_pe import bucket_loss
+    from fairseq_pe.translation import bucket_loss
 
     cache = os.path.join(run.folder, f"losses-{subset}.json")
     stored = _read_json(cache)
@@ -772,9 +772,9 @@ def reference_losses(args, data_bin: str, run: SystemRun, subset: str, name: str
 
 
 def loss_scores(losses, lengths: Sequence[int], buckets) -> Dict[str, dict]:
-    """NLL per bucket and overall (:func:`fairseq_pe.bucket_loss.aggregate`); a score that would need a
+    """NLL per bucket and overall (:func:`fairseq_pe.translation.bucket_loss.aggregate`); a score that would need a
     sentence beyond the model's positions is unavailable (``"na"``: why), never computed on the rest."""
-    from fairseq_pe.bucket_loss import BEYOND, aggregate
+    from fairseq_pe.translation.bucket_loss import BEYOND, aggregate
 
     example = next((x.why for x in losses if x.nll is None), "")
     out = {}
@@ -805,7 +805,7 @@ def report(args, raw: str, data_bin: str, systems, outputs: Dict[Tuple[str, int]
     """Score every run of the ``complete`` systems (BLEU with its bootstrap interval, length ratio, the
     references' loss), combine the seeds, print the tables and write ``results.{txt,json,png}`` and
     ``results-loss.png``.  Returns the combined BLEU results and the columns that could not be computed."""
-    from fairseq_pe import bucket_loss
+    from fairseq_pe.translation import bucket_loss
 
     seeds = args.seeds
     extra_names = [name for name, _, _ in args.extra_test]

@@ -45,7 +45,7 @@ from fairseq_pe.outputs import check_new_file, save_torch
 from fairseq_pe.positional.floater import add_floater_args
 from fairseq_pe.positional.sinusoid_scale import SCALE_KEY
 
-logger = logging.getLogger("fairseq_pe.warm_start")
+logger = logging.getLogger("fairseq_pe.warm_start.floater")
 
 
 class WarmStartError(UserError):

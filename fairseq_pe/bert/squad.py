@@ -274,7 +274,7 @@ def squad_contexts(data: dict) -> Dict[str, str]:
 
 def check_features_match(features: Sequence[dict], contexts: Dict[str, str], json_path: str, meta_path: str):
     """Every feature's question is in the JSON with the very context that was prepared, and back."""
-    from .data_prep.squad import context_fingerprint
+    from fairseq_pe.data_prep.squad import context_fingerprint
 
     checked = {}
     for meta in features:
@@ -334,7 +334,7 @@ def run_model(model, task, split: str, batch_size: int, use_cuda: bool) -> List[
     import torch
     from fairseq import utils as fairseq_utils
 
-    from .criterions.span_prediction import span_logits
+    from fairseq_pe.criterions.span_prediction import span_logits
 
     dataset = task.dataset(split)
     itr = task.get_batch_iterator(dataset=dataset, max_sentences=batch_size, max_positions=task.max_positions(),
@@ -370,8 +370,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     import torch
     from fairseq import checkpoint_utils, utils as fairseq_utils
 
-    from .data_prep.squad import detect_version, load_squad
-    from .tasks.span_prediction import SpanPredictionTask
+    from fairseq_pe.data_prep.squad import detect_version, load_squad
+    from fairseq_pe.tasks.span_prediction import SpanPredictionTask
 
     inputs = [("--path", args.path), ("--json", args.json)]
     if os.path.isdir(args.data):

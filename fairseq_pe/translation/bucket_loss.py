@@ -37,8 +37,8 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fairseq_pe.bleu import Bucket, assign_bucket, bucket_label, parse_buckets
-from fairseq_pe.bucket_bleu import load_spm, markdown_table, parse_lengths, parse_systems, pyplot, read_lines
+from fairseq_pe.translation.bleu import Bucket, assign_bucket, bucket_label, parse_buckets
+from fairseq_pe.translation.bucket_bleu import load_spm, markdown_table, parse_lengths, parse_systems, pyplot, read_lines
 from fairseq_pe.errors import UserError, cli
 from fairseq_pe.outputs import check_new_files, savefig, write_json, write_text
 
@@ -416,7 +416,7 @@ def get_parser():
 
 def source_lengths(args) -> Optional[List[int]]:
     """Lengths from ``--lengths`` or the raw ``--source``; None: the model's source tokens."""
-    from fairseq_pe.s2l import source_lengths as measure
+    from fairseq_pe.translation.s2l import source_lengths as measure
 
     if args.lengths:
         return parse_lengths(args.lengths)

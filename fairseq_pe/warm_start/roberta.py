@@ -45,10 +45,10 @@ from fairseq_pe.models.options import add_position_encoding_args
 from fairseq_pe.models.roberta_pe import LEARNED_TABLE_KEY, RobertaPEModel
 from fairseq_pe.positional.learned import LearnedPositionEncoding
 from fairseq_pe.positional.sinusoid_scale import SCALE_KEY
-from fairseq_pe.warm_start import (WarmStartError, _model_args, check_paths, load_original, read_checkpoint,
+from fairseq_pe.warm_start.floater import (WarmStartError, _model_args, check_paths, load_original, read_checkpoint,
                                    save_converted)
 
-logger = logging.getLogger("fairseq_pe.warm_start_roberta")
+logger = logging.getLogger("fairseq_pe.warm_start.roberta")
 
 STOCK_TABLE_KEY = "encoder.sentence_encoder.embed_positions.weight"
 

@@ -31,7 +31,7 @@ import re
 import sys
 from typing import Dict, List, Optional, Sequence
 
-from fairseq_pe.bleu import (
+from fairseq_pe.translation.bleu import (
     Bucket,
     GenerateOutputError,
     bucket_label,
@@ -118,7 +118,7 @@ def source_lengths(args, n_expected: int) -> List[int]:
     elif args.source:
         sources = read_lines(args.source, "--source")
         origin = f"--source {args.source}"
-        from fairseq_pe.s2l import source_lengths as measure
+        from fairseq_pe.translation.s2l import source_lengths as measure
 
         sp = None
         if args.unit == "subword":

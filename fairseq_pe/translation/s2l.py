@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-from fairseq_pe.bleu import Bucket, assign_bucket, bucket_label, parse_buckets
+from fairseq_pe.translation.bleu import Bucket, assign_bucket, bucket_label, parse_buckets
 from fairseq_pe.errors import UserError, cli
 from fairseq_pe.outputs import (atomic_open, atomic_path, check_new_files, check_not_inputs, same_file,
                                 train_sentencepiece, write_json)
