@@ -23,6 +23,7 @@ setup(
         "scikit-learn>=1.0",  # GLUE metrics (accuracy, F1, Matthews correlation)
         "scipy>=1.7",  # GLUE metrics (Pearson, Spearman)
         "numpy",
+        "wrapt>=1.14",  # registers the plugin when fairseq is imported (fairseq_pe/__init__.py)
     ],
     extras_require={"test": ["pytest>=7"]},
     entry_points={
