@@ -25,7 +25,12 @@ setup(
         "numpy",
         "wrapt>=1.14",  # registers the plugin when fairseq is imported (fairseq_pe/__init__.py)
     ],
-    extras_require={"test": ["pytest>=7"]},
+    extras_require={
+        # fairseq-pe-analyze on Hugging Face model folders (their config and position table)
+        "hf": ["transformers>=4.30"],
+        # with transformers, so that the tests of Hugging Face folders run (CI installs .[test])
+        "test": ["pytest>=7", "transformers>=4.30"],
+    },
     entry_points={
         "console_scripts": [
             "fairseq-pe-quickstart = fairseq_pe.translation.quickstart:main",

@@ -223,7 +223,7 @@ def test_effective_lock_without_torch_and_on_another_python(lockfile):
 
 
 def test_the_lock_pins_every_dependency():
-    """constraints.txt: exact pins of this project's dependencies and its test extra (pytest)."""
+    """constraints.txt: exact pins of this project's dependencies and its extras (pytest, transformers)."""
     python, pins = lock.parse(os.path.join(REPO, "constraints.txt"))
     assert python and re.fullmatch(r"3\.\d+", python)
     names = {}
@@ -238,6 +238,9 @@ def test_the_lock_pins_every_dependency():
     wanted = {"pytest", "torch", "setuptools", "wheel", "cython", "numpy"}  # + install.sh's build requirements
     for req in re.findall(r'^\s+"([A-Za-z0-9_.\-]+)[^"]*",', requires, re.M):
         wanted.add(lock.canonical(req))
-    assert {"torchdiffeq", "sacrebleu", "fairseq-fixed"} <= wanted
+    extras = setup.split("extras_require={", 1)[1].split("\n    },", 1)[0]
+    for req in re.findall(r'"([A-Za-z0-9_.\-]+)[<>=!~][^"]*"', extras):  # "name>=version" (not the extras' names)
+        wanted.add(lock.canonical(req))
+    assert {"torchdiffeq", "sacrebleu", "fairseq-fixed", "transformers"} <= wanted
     wanted.discard("fairseq")  # official fairseq: Pythons before 3.11 (fairseq-fixed from 3.11 on)
     assert wanted - set(names) == set(), "not in constraints.txt"
