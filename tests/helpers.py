@@ -92,6 +92,45 @@ def cli(*cmd: str, cwd=None, check=True) -> subprocess.CompletedProcess:
     return proc
 
 
+def assert_user_error(proc, prog, *fragments):
+    """Exit status 2, no traceback, and a last stderr line ``PROG: error: ...`` holding the fragments."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"{prog}: error: "), last
+    for fragment in fragments:
+        assert fragment in last, (fragment, last)
+
+
+def analyze_in_process(capsys, *argv):
+    """``fairseq-pe-analyze ARGV`` in this process: (exit status, its one error line or ""); an
+    error must be one line, without a traceback."""
+    from fairseq_pe.analysis import cli as tool
+
+    try:
+        code = tool.main([str(a) for a in argv])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert "Traceback" not in err and len(errors) == (code != 0), err
+    return code, "".join(errors)
+
+
+def assert_pictures_and_reports(out):
+    """Every picture under ``out`` is a real PNG, and every picture a report.md embeds exists."""
+    import re
+
+    from PIL import Image
+
+    for png in out.rglob("*.png"):
+        with Image.open(png) as im:
+            assert im.format == "PNG" and im.size[0] > 200 and im.size[1] > 150
+    for report in out.rglob("report.md"):
+        embedded = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report.read_text())
+        assert embedded and all((report.parent / e).is_file() for e in embedded), report
+
+
 def exit_status(main, argv):
     """A console script's ``main`` in-process: its return value, or the status it exits with (a user
     error: ``SystemExit(2)`` after ``PROG: error: ...`` on stderr)."""

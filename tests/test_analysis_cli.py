@@ -14,7 +14,6 @@ import re
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from fairseq_pe.analysis import AnalysisError, AnalysisOptions, analyze, load_checkpoint
 from fairseq_pe.analysis.checkpoint import CheckpointError, save_untrained_checkpoint
@@ -22,7 +21,7 @@ from fairseq_pe.analysis.properties import proximity
 from fairseq_pe.positional.sinusoidal import transformer_frequencies
 from fairseq_pe.translation.synthetic import write_corpus
 
-from helpers import PLUGIN, cli
+from helpers import PLUGIN, analyze_in_process, assert_pictures_and_reports, cli
 
 TRAIN = ["--optimizer", "adam", "--lr", "0.01", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5",
          "--max-tokens", "1000", "--max-update", "25", "--no-epoch-checkpoints",
@@ -66,13 +65,7 @@ def test_command_writes_every_file(checkpoints, tmp_path):
                                               "identical-word.png", "absolute.png", "norms.png"}
     assert {p.name for p in (out / "lsin").iterdir()} == PER_CHECKPOINT | {"relative.png", "frequencies.png"}
     assert {p.name for p in (out / "stock").iterdir()} == PER_CHECKPOINT
-    # every picture is a real PNG, and every picture a report embeds exists
-    for png in out.rglob("*.png"):
-        with Image.open(png) as im:
-            assert im.format == "PNG" and im.size[0] > 200 and im.size[1] > 150
-    for report in out.rglob("report.md"):
-        embedded = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report.read_text())
-        assert embedded and all((report.parent / e).is_file() for e in embedded), report
+    assert_pictures_and_reports(out)
     summary = {r["name"]: r for r in json.loads((out / "properties.json").read_text())}
     assert set(summary) == {"lsin", "stock"}
 
@@ -219,17 +212,8 @@ def test_roberta_checkpoints_stock_and_floater(tmp_path):
 def test_out_is_replaced_only_with_force_and_never_over_a_checkpoint(tmp_path, capsys):
     """Issue 14: a second analysis into the same --out needs --force (then pictures this analysis does
     not draw are removed); no output may be a checkpoint analysed; every error is one line."""
-    from fairseq_pe.analysis import cli as tool
-
     def main(*argv):
-        try:
-            code = tool.main([str(a) for a in argv])
-        except SystemExit as e:
-            code = e.code
-        err = capsys.readouterr().err
-        errors = [line for line in err.splitlines() if ": error: " in line]
-        assert "Traceback" not in err and len(errors) == (code != 0), err
-        return code, "".join(errors)
+        return analyze_in_process(capsys, *argv)
 
     ape, rpe = tmp_path / "ape" / "model.pt", tmp_path / "rpe" / "model.pt"
     for path, flags in ((ape, ["--pe-absolute", "learned"]), (rpe, ["--pe-absolute", "none", "--pe-relative", "learned"])):

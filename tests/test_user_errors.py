@@ -17,7 +17,7 @@ import torch
 from fairseq_pe.errors import UserError
 from fairseq_pe.positional.t5_bias import t5_bucket
 
-from helpers import PLUGIN, build_model, cli, synthetic_data_bin
+from helpers import PLUGIN, assert_user_error, build_model, cli, synthetic_data_bin
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -103,16 +103,6 @@ TRAIN = ["--arch", "transformer_pe_tiny", "--optimizer", "adam", "--lr", "0.001"
 def data_bin(tmp_path_factory):
     return synthetic_data_bin(tmp_path_factory.mktemp("corpus"), train_size=100, valid_size=10,
                               test_buckets=[(1, 6), (20, 30)], test_per_bucket=4, seed=3)
-
-
-def assert_user_error(proc, prog, *fragments):
-    """Exit status 2, no traceback, and a last stderr line ``PROG: error: ...`` holding the fragments."""
-    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"{prog}: error: "), last
-    for fragment in fragments:
-        assert fragment in last, (fragment, last)
 
 
 @pytest.mark.parametrize("flags,fragments", [

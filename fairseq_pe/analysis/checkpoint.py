@@ -174,7 +174,8 @@ def load_checkpoint(path: str) -> LoadedCheckpoint:
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(path)
     except Exception as e:  # a truncated file, not a torch pickle, ...
-        raise CheckpointError(f"{path}: cannot be read as a fairseq checkpoint ({type(e).__name__}: {e})") from None
+        raise CheckpointError(f"{path}: cannot be read as a fairseq checkpoint ({type(e).__name__}: {e}), nor as a "
+                              "position table (a .npy file, or a .pt file holding one 2-D tensor)") from None
     model_cfg = _model_config(state, path)
     task_cfg = state["cfg"].get("task") if state.get("cfg") is not None else state.get("args")
     weights = state.get("model") or {}

@@ -138,8 +138,8 @@ def probe_plot(curves: Sequence[Tuple[str, List[int], List[float]]], path: str):
 def norm_plot(norms: Sequence[Tuple[str, List[float]]], logit_max: List[float], path: str,
               trained_length: Optional[int] = None, title: str = ""):
     """Two panels against position, log scale: ‖p_i‖ of each block's absolute vectors (none: the panel
-    says so), and the largest |identical-word logit| among positions 0..i; the trained length is a
-    dashed line when known."""
+    says so), and the largest |identical-word logit| among positions 0..i (none, a position table's:
+    the panel says so); the trained length is a dashed line when known."""
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for name, values in norms:
@@ -150,8 +150,12 @@ def norm_plot(norms: Sequence[Tuple[str, List[float]]], logit_max: List[float], 
     else:
         ax1.text(0.5, 0.5, "no absolute position vectors or FLOATER biases", ha="center", va="center", transform=ax1.transAxes)
     ax1.set_title("‖p_i‖ of the absolute position vectors (FLOATER: and Q/K/V biases)", fontsize=9)
-    ax2.plot(range(len(logit_max)), logit_max, color="black", linewidth=1)
-    ax2.set_yscale("log")
+    if logit_max:
+        ax2.plot(range(len(logit_max)), logit_max, color="black", linewidth=1)
+        ax2.set_yscale("log")
+    else:
+        ax2.text(0.5, 0.5, "no identical-word logits (a position table only)", ha="center", va="center",
+                 transform=ax2.transAxes)
     ax2.set_title("largest |identical-word logit| among positions 0..i (first layer)", fontsize=9)
     for ax in (ax1, ax2):
         _position_axis(ax, trained_length)
@@ -163,19 +167,25 @@ def norm_plot(norms: Sequence[Tuple[str, List[float]]], logit_max: List[float], 
 def norm_comparison_plot(curves: Sequence[Tuple[str, List[float], List[float]]], path: str,
                          trained_length: Optional[int] = None, title: str = ""):
     """One line per checkpoint, log scale, against position: the largest ‖state‖ over its blocks (absolute
-    vectors, FLOATER biases), and the largest |identical-word logit| among positions 0..i."""
+    vectors, FLOATER biases), and the largest |identical-word logit| among positions 0..i (position
+    tables have none)."""
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for name, norms, logits in curves:
         if norms:
             ax1.plot(range(len(norms)), norms, label=name, linewidth=1)
-        ax2.plot(range(len(logits)), logits, label=name, linewidth=1)
+        if logits:
+            ax2.plot(range(len(logits)), logits, label=name, linewidth=1)
+    if not any(logits for _, _, logits in curves):
+        ax2.text(0.5, 0.5, "no identical-word logits (position tables only)", ha="center", va="center",
+                 transform=ax2.transAxes)
     ax1.set_title("largest ‖p_i‖ over blocks (absolute vectors, FLOATER biases)", fontsize=9)
     ax2.set_title("largest |identical-word logit| among positions 0..i (first layer)", fontsize=9)
     for ax in (ax1, ax2):
         ax.set_yscale("log")
         _position_axis(ax, trained_length)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     _save(plt, fig, path, title)
 
 

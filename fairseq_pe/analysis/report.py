@@ -5,15 +5,17 @@ scores across checkpoints.
 What is analysed is the encoder (RoBERTa's sentence encoder), or with ``side="decoder"`` a
 translation model's decoder: its absolute vectors (every block when each block gets its own), its
 relative vectors (Shaw-style encodings), the first layer's identical-word logits (on the decoder,
-only keys up to the query: the others are NaN) and learned frequencies.  The definitions of the scores are in
-:mod:`fairseq_pe.analysis.properties` and in the README.
+only keys up to the query: the others are NaN) and learned frequencies.  A position table without a
+model (a ``.npy``/``.pt`` table, a Hugging Face model's: :mod:`.tables`) gets the analyses of its
+absolute vectors only (:func:`analyze_table`); what it skips, and why, is in its ``skipped``.  The
+definitions of the scores are in :mod:`fairseq_pe.analysis.properties` and in the README.
 """
 
 import logging
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -26,6 +28,7 @@ from .checkpoint import LoadedCheckpoint
 from .frequencies import fixed_psi_window, learned_frequencies
 from .probes import regression_probe
 from .properties import direction_asymmetry, property_scores, proximity
+from .tables import PositionTable
 from .vectors import (SIDES, absolute_vectors, averaged_identical_word_logits, floater_bias_vectors, relative_vectors,
                       side_of)
 
@@ -110,19 +113,24 @@ def _count(requested: Optional[int], default: int, words: int, where: str) -> in
     return requested
 
 
+def _check_values(options: AnalysisOptions):
+    """The checks of ``options`` that hold for every input."""
+    if options.side not in SIDES:
+        raise AnalysisError(f"--side must be one of {', '.join(SIDES)}, not {options.side!r}")
+    if options.max_offset < 1:
+        raise AnalysisError(f"--max-offset must be >= 1, got {options.max_offset}")
+    if options.trained_length is not None and options.trained_length < 1:
+        raise AnalysisError(f"--trained-length must be >= 1, got {options.trained_length}")
+
+
 def check_options(checkpoint: LoadedCheckpoint, options: AnalysisOptions) -> Dict[str, object]:
     """Validate ``options`` for ``checkpoint`` and resolve the defaults: {"side", "length",
     "probe_length", "num_tokens", "limit", "trained_length"}.  Errors name the checkpoint."""
     where = checkpoint.path
     side = options.side
-    if side not in SIDES:
-        raise AnalysisError(f"--side must be one of {', '.join(SIDES)}, not {side!r}")
+    _check_values(options)
     if side == "decoder" and checkpoint.family != "translation":
         raise AnalysisError(f"--side decoder: {where} is a {checkpoint.family} model, which has no decoder")
-    if options.max_offset < 1:
-        raise AnalysisError(f"--max-offset must be >= 1, got {options.max_offset}")
-    if options.trained_length is not None and options.trained_length < 1:
-        raise AnalysisError(f"--trained-length must be >= 1, got {options.trained_length}")
     limit = position_limit(checkpoint.model, side)
     trained = checkpoint.trained_length if side == "encoder" else None
     dictionary = checkpoint.dictionary if side == "encoder" else checkpoint.target_dictionary
@@ -134,6 +142,69 @@ def check_options(checkpoint: LoadedCheckpoint, options: AnalysisOptions) -> Dic
             "num_tokens": _count(options.num_tokens, DEFAULT_NUM_TOKENS, words, where)}
 
 
+def check_table_options(table: PositionTable, options: AnalysisOptions) -> Dict[str, object]:
+    """Validate ``options`` for a position table and resolve {"limit", "length", "probe_length"}
+    (``num_tokens`` and ``seed`` apply to the checkpoints of a run only).  Errors name the table."""
+    _check_values(options)
+    if options.side != "encoder":
+        raise AnalysisError(f"--side {options.side}: {table.path} is a position table, which has no decoder "
+                            "(--side applies to translation checkpoints)")
+    limit = table.vectors.size(0)
+    return {"limit": limit,
+            "length": _length(options.length, DEFAULT_LENGTH, limit, None, "--length", table.path),
+            "probe_length": _length(options.probe_length, DEFAULT_PROBE_LENGTH, limit, None, "--probe-length",
+                                    table.path)}
+
+
+def absolute_scores(vectors: Dict[int, torch.Tensor], length: int, probe_length: int,
+                    max_offset: int) -> Tuple[Dict[str, object], Dict[str, torch.Tensor]]:
+    """Block -> (at least max(length, probe_length), D) absolute vectors -> (their scores: dot-product
+    and cosine property scores over ``length`` positions, the regression probe over ``probe_length``,
+    the norms; their matrices, named as in matrices.npz)."""
+    scores, matrices = {}, {}
+    for block, v in vectors.items():
+        dot, cos = proximity(v[:length]), proximity(v[:length], "cosine")
+        matrices[f"absolute_dot_block{block}"] = dot
+        matrices[f"absolute_cosine_block{block}"] = cos
+        scores[str(block)] = {"dot": property_scores(dot, max_offset, gram=True),
+                              "cosine": property_scores(cos, max_offset, gram=True),
+                              "probe": regression_probe(v[:probe_length]),
+                              "norms": [round(float(x), 6) for x in v[:length].norm(dim=-1)]}
+    return scores, matrices
+
+
+#: the analyses a position table without its model does not get, and why (``skipped`` in scores.json)
+TABLE_SKIPS = {
+    "identical_word": "needs a model's first attention layer and word embeddings, which a position table lacks (of "
+                      "a Hugging Face model only the position table is read)",
+    "relative": "belong to a model's attention, and a position table holds absolute vectors only",
+    "frequencies": "exist in fairseq-pe's learnable-sinusoidal encodings only",
+}
+
+
+def analyze_table(table: PositionTable, name: str, options: AnalysisOptions = AnalysisOptions()) -> Analysis:
+    """The analyses of a position table's absolute vectors (as :func:`analyze` does them for a
+    checkpoint's): dot products, cosines and their property scores, norms and the regression probe."""
+    start = time.time()
+    resolved = check_table_options(table, options)
+    length, probe_length = resolved["length"], resolved["probe_length"]
+    absolute, matrices = absolute_scores({1: table.vectors}, length, probe_length, options.max_offset)
+    scores: Dict[str, object] = {
+        "name": name, "input": table.kind, "checkpoint": os.path.abspath(table.path), "arch": table.model_type,
+        "family": table.kind, "encoding": table.description, "side": "encoder", "dictionary": None,
+        "embed_dim": int(table.vectors.size(1)), "layers": None, "heads": None,
+        "position_limit": resolved["limit"], "trained_length": options.trained_length, "options": asdict(options),
+        "length": length, "probe_length": probe_length,
+        "table": {"source": table.source, "positions": resolved["limit"], "dropped_rows": table.dropped_rows,
+                  "note": table.note or None},
+        "absolute": absolute, "floater_bias": None, "relative": None, "num_tokens": None, "identical_word": None,
+        "frequencies": [], "fixed_psi_window": {}, "skipped": dict(TABLE_SKIPS),
+    }
+    scores["seconds"] = round(time.time() - start, 2)
+    logger.info(f"{name}: position table of {resolved['limit']} positions ({scores['seconds']:.1f}s)")
+    return Analysis(name=name, scores=scores, matrices=matrices)
+
+
 def analyze(checkpoint: LoadedCheckpoint, name: str, options: AnalysisOptions = AnalysisOptions()) -> Analysis:
     """Every score and matrix of one checkpoint (see the module docstring)."""
     start = time.time()
@@ -142,13 +213,13 @@ def analyze(checkpoint: LoadedCheckpoint, name: str, options: AnalysisOptions = 
     side, limit, length, probe_length = (resolved[k] for k in ("side", "limit", "length", "probe_length"))
     stack = side_of(model, side)
     scores: Dict[str, object] = {
-        "name": name, "checkpoint": os.path.abspath(checkpoint.path), "arch": checkpoint.arch,
+        "name": name, "input": "checkpoint", "checkpoint": os.path.abspath(checkpoint.path), "arch": checkpoint.arch,
         "family": checkpoint.family, "encoding": checkpoint.encoding(side), "side": side,
         "dictionary": checkpoint.dictionary_source,
         "embed_dim": int(stack.embed_tokens.embedding_dim), "layers": len(stack.layers),
         "heads": stack.layers[0].self_attn.num_heads,
         "position_limit": limit, "trained_length": resolved["marked_length"], "options": asdict(options),
-        "length": length, "probe_length": probe_length,
+        "length": length, "probe_length": probe_length, "skipped": {},
     }
     matrices: Dict[str, torch.Tensor] = {}
 
@@ -158,15 +229,8 @@ def analyze(checkpoint: LoadedCheckpoint, name: str, options: AnalysisOptions = 
     # absolute vectors: proximity, properties, regression probe (per block)
     vectors = absolute_vectors(model, max(length, probe_length), side)
     if vectors:
-        absolute = {}
-        for block, v in vectors.items():
-            dot, cos = proximity(v[:length]), proximity(v[:length], "cosine")
-            matrices[f"absolute_dot_block{block}"] = dot
-            matrices[f"absolute_cosine_block{block}"] = cos
-            absolute[str(block)] = {"dot": scored(dot, gram=True), "cosine": scored(cos, gram=True),
-                                    "probe": regression_probe(v[:probe_length]),
-                                    "norms": [round(float(x), 6) for x in v[:length].norm(dim=-1)]}
-        scores["absolute"] = absolute
+        scores["absolute"], absolute_matrices = absolute_scores(vectors, length, probe_length, options.max_offset)
+        matrices.update(absolute_matrices)
         logger.info(f"{name}: absolute vectors of {len(vectors)} block(s) ({time.time() - start:.1f}s)")
     else:
         scores["absolute"] = None
@@ -253,10 +317,16 @@ def _score_rows(a: Analysis) -> List[tuple]:
         for kind, s in entry.items():
             rows.append((f"relative vectors a^{kind[0].upper()}, block {block}, dot product "
                          f"(a_r vs a_−r asymmetry {_fmt(s['direction_asymmetry'])})", s))
-    rows.append(("identical-word logits, mean of heads", a.scores["identical_word"]["mean"]))
-    for h, s in enumerate(a.scores["identical_word"]["heads"]):
-        rows.append((f"identical-word logits, head {h + 1}", s))
+    if a.scores["identical_word"]:
+        rows.append(("identical-word logits, mean of heads", a.scores["identical_word"]["mean"]))
+        for h, s in enumerate(a.scores["identical_word"]["heads"]):
+            rows.append((f"identical-word logits, head {h + 1}", s))
     return rows
+
+
+def logit_maxima(scores: dict) -> List[float]:
+    """The largest |identical-word logit| among positions 0..i (empty when not probed: a table)."""
+    return scores["identical_word"]["max_abs_up_to"] if scores["identical_word"] else []
 
 
 def write_checkpoint(a: Analysis, out_dir: str) -> Dict[str, str]:
@@ -295,13 +365,15 @@ def write_checkpoint(a: Analysis, out_dir: str) -> Dict[str, str]:
         draw(plots.heatmap_grid, panels, path=picture("relative", "relative.png"),
              title=f"{a.name}: dot products of relative position vectors", ticks=(first, last),
              xlabel="distance", ylabel="distance")
-    heads = a.matrices["identical_word_heads"]
-    draw(plots.heatmap_grid, [("mean of heads", a.matrices["identical_word_mean"])]
-         + [(f"head {h + 1}", m) for h, m in enumerate(heads)],
-         path=picture("identical_word", "identical-word.png"),
-         title=f"{a.name}: first-layer logits of identical-word sequences, {s['num_tokens']} words", columns=5,
-         xlabel="key position j", ylabel="query position i")
-    curves = [("identical-word logits (mean of heads)", a.matrices["identical_word_mean"])]
+    curves = []
+    if s["identical_word"]:
+        heads = a.matrices["identical_word_heads"]
+        draw(plots.heatmap_grid, [("mean of heads", a.matrices["identical_word_mean"])]
+             + [(f"head {h + 1}", m) for h, m in enumerate(heads)],
+             path=picture("identical_word", "identical-word.png"),
+             title=f"{a.name}: first-layer logits of identical-word sequences, {s['num_tokens']} words", columns=5,
+             xlabel="key position j", ylabel="query position i")
+        curves.append(("identical-word logits (mean of heads)", a.matrices["identical_word_mean"]))
     if s["absolute"]:
         curves.insert(0, ("absolute vectors, dot product (block 1)", a.matrices["absolute_dot_block1"]))
     draw(plots.profile_plot, curves, path=picture("profiles", "profiles.png"), max_offset=min(64, length - 1),
@@ -311,7 +383,7 @@ def write_checkpoint(a: Analysis, out_dir: str) -> Dict[str, str]:
     norms = [(f"block {b}", e["norms"]) for b, e in sorted((s["absolute"] or {}).items(), key=lambda x: int(x[0]))]
     norms += [(f"block {b} bias {kind}", e[kind]) for b, e in
               sorted((s.get("floater_bias") or {}).items(), key=lambda x: int(x[0])) for kind in "qkv"]
-    draw(plots.norm_plot, norms, s["identical_word"]["max_abs_up_to"], path=picture("norms", "norms.png"),
+    draw(plots.norm_plot, norms, logit_maxima(s), path=picture("norms", "norms.png"),
          trained_length=s["trained_length"], title=a.name)
 
     write_json(os.path.join(out_dir, "scores.json"), s)
@@ -327,8 +399,27 @@ def write_checkpoint(a: Analysis, out_dir: str) -> Dict[str, str]:
     return pictures
 
 
+def _table_settings(s: dict) -> List[str]:
+    """The settings lines of report.md for a position table."""
+    table = s["table"]
+    what = "a Hugging Face model folder" if s["input"] == "huggingface" else "a position table"
+    lines = [f"- input: `{s['checkpoint']}`, {what} ({table['source']}): {table['positions']} positions, "
+             f"D = {s['embed_dim']}",
+             f"- position encoding: {s['encoding']}"]
+    if table["note"]:
+        lines.append(f"- {table['note']}")
+    lines.append(f"- matrices over positions 0..{s['length'] - 1}; probe over 0..{s['probe_length'] - 1}; Eq. 2 "
+                 f"share over offsets up to {s['options']['max_offset']} (up to L − 1 for smaller matrices: "
+                 "`max_offset_used` in scores.json)")
+    if s["trained_length"]:
+        lines.append(f"- trained on sequences of {s['trained_length']} tokens")
+    return lines + [f"- scores computed in {s['seconds']} s"]
+
+
 def checkpoint_markdown(a: Analysis, pictures: Dict[str, str]) -> str:
     s = a.scores
+    if s["input"] != "checkpoint":
+        return _markdown_body(a, pictures, [f"# Position analysis: {a.name}", ""] + _table_settings(s))
     lines = [f"# Position analysis: {a.name}", "",
              f"- checkpoint: `{s['checkpoint']}`",
              f"- `--arch {s['arch']}` ({s['family']}), {s['side']}: D = {s['embed_dim']}, {s['layers']} layers, "
@@ -341,23 +432,34 @@ def checkpoint_markdown(a: Analysis, pictures: Dict[str, str]) -> str:
              "for smaller matrices: `max_offset_used` in scores.json)",
              f"- dictionary: {s['dictionary']}"
              + (f"; trained on sequences of {s['trained_length']} tokens" if s["trained_length"] else ""),
-             f"- scores computed in {s['seconds']} s", "",
-             "## Property scores", "",
-             "Definitions: the README's *Analysis* section (translation invariance and symmetry: 0 is exact; "
-             "window: how many offsets φ(x, x+m) keeps strictly decreasing, median over x).", "",
-             "| matrix " + SCORE_HEADER, "|---|---|---|---|---|---|"]
+             f"- scores computed in {s['seconds']} s"]
+    return _markdown_body(a, pictures, lines)
+
+
+def _markdown_body(a: Analysis, pictures: Dict[str, str], lines: List[str]) -> str:
+    """report.md from its title and settings ``lines`` on: the scores, pictures and skips."""
+    s = a.scores
+    lines += ["", "## Property scores", "",
+              "Definitions: the README's *Analysis* section (translation invariance and symmetry: 0 is exact; "
+              "window: how many offsets φ(x, x+m) keeps strictly decreasing, median over x).", "",
+              "| matrix " + SCORE_HEADER, "|---|---|---|---|---|---|"]
     lines += [f"| {what} | {_score_cells(sc)} |" for what, sc in _score_rows(a)]
     if "absolute" in pictures:
         lines += ["", "## Absolute position vectors (Fig. 2, top row)", "", f"![absolute]({pictures['absolute']})"]
     if "relative" in pictures:
         lines += ["", "## Relative position vectors (Fig. 2, bottom row)", "", f"![relative]({pictures['relative']})"]
-    lines += ["", "## Identical-word probing (§3.1 Eq. 5, §5.2 Fig. 3)", "",
-              f"![identical-word]({pictures['identical_word']})", "",
-              "## Offset profiles", "", f"![profiles]({pictures['profiles']})",
-              "", "## Size against position (past the training length, if marked)", "",
-              "‖p_i‖ of the absolute vectors of each block (and of FLOATER's Q/K/V biases b_{q,k,v,i}), and the largest |identical-word logit| among "
-              "positions 0..i (first layer, mean of heads): an encoding that extrapolates keeps both bounded "
-              "past the trained length.", "", f"![norms]({pictures['norms']})"]
+    if "identical_word" in pictures:
+        lines += ["", "## Identical-word probing (§3.1 Eq. 5, §5.2 Fig. 3)", "",
+                  f"![identical-word]({pictures['identical_word']})"]
+    lines += ["", "## Offset profiles", "", f"![profiles]({pictures['profiles']})",
+              "", "## Size against position (past the training length, if marked)", ""]
+    if s["identical_word"]:
+        lines += ["‖p_i‖ of the absolute vectors of each block (and of FLOATER's Q/K/V biases b_{q,k,v,i}), and "
+                  "the largest |identical-word logit| among positions 0..i (first layer, mean of heads): an encoding "
+                  "that extrapolates keeps both bounded past the trained length.", "", f"![norms]({pictures['norms']})"]
+    else:
+        lines += ["‖p_i‖ of the absolute vectors: an encoding that extrapolates keeps it bounded past the trained "
+                  "length.", "", f"![norms]({pictures['norms']})"]
     if s["frequencies"]:
         lines += ["", "## Learned frequencies (App. A.5)", "",
                   "| frequencies | median \\|ω − ω₀\\| / ω₀ | ψ decreasing up to m (learned) | (initial) |",
@@ -374,7 +476,19 @@ def checkpoint_markdown(a: Analysis, pictures: Dict[str, str]) -> str:
         lines += [f"| {b} | {_fmt(e['probe']['mean_abs_error'])} | {_fmt(e['probe']['max_abs_error'])} | "
                   f"{_fmt(e['probe']['exact_share'])} |" for b, e in s["absolute"].items()]
         lines += ["", f"![probe]({pictures['probe']})"]
+    if s["skipped"]:
+        lines += ["", "## Not analysed", ""] + [f"- {what} {why}" for what, why in _skips(s)]
     return "\n".join(lines) + "\n"
+
+
+#: the skipped analyses' names in reports (each followed by why: TABLE_SKIPS)
+SKIP_NAMES = {"identical_word": "identical-word probing", "relative": "relative position vectors",
+              "frequencies": "learned frequencies"}
+
+
+def _skips(s: dict) -> List[Tuple[str, str]]:
+    """(analysis, why) for each analysis skipped."""
+    return [(SKIP_NAMES.get(k, k), why) for k, why in s["skipped"].items()]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,10 +501,10 @@ def summary_rows(analyses: Sequence[Analysis]) -> List[Dict[str, object]]:
     for a in analyses:
         s = a.scores
         row = {"name": a.name, "encoding": s["encoding"] + (" (decoder)" if s["side"] == "decoder" else ""),
-               "side": s["side"], "arch": s["arch"]}
+               "side": s["side"], "arch": s["arch"], "input": s["input"], "skipped": list(s["skipped"])}
         relative = ((s["relative"] or {}).get("blocks") or {}).get("1", {}).get("key")
         row["has_absolute"], row["has_relative"] = bool(s["absolute"]), relative is not None
-        for prefix, sc in (("identical_word", s["identical_word"]["mean"]),
+        for prefix, sc in (("identical_word", (s["identical_word"] or {}).get("mean")),
                            ("absolute", (s["absolute"] or {}).get("1", {}).get("dot")),
                            ("relative", relative)):
             for c in SCORE_COLUMNS:
@@ -407,19 +521,23 @@ def summary_rows(analyses: Sequence[Analysis]) -> List[Dict[str, object]]:
 
 def summary_markdown(analyses: Sequence[Analysis]) -> str:
     rows = summary_rows(analyses)
+    probed = [a for a in analyses if a.scores["identical_word"]]
 
     def shared(key, fmt):
-        values = {a.name: a.scores[key] for a in analyses}
+        values = {a.name: a.scores[key] for a in probed}
         if len(set(values.values())) == 1:
             return fmt(next(iter(values.values())))
         return fmt("L") + " (" + ", ".join(f"{n}: {v}" for n, v in values.items()) + ")"
 
-    lengths = shared("length", lambda n: f"positions 0..{n - 1}" if isinstance(n, int) else f"{n} positions")
-    words = shared("num_tokens", lambda n: f"{n} random words" if isinstance(n, int) else "random words")
-    out = [f"Identical-word probing: first-layer attention logits, mean of heads, {lengths}, {words}.", "",
-           "| checkpoint | encoding " + SCORE_HEADER, "|---|---|---|---|---|---|---|"]
-    out += [f"| {r['name']} | {r['encoding']} | " + " | ".join(_fmt(r[f'identical_word.{c}']) for c in SCORE_COLUMNS)
-            + " |" for r in rows]
+    out = []
+    if probed:
+        lengths = shared("length", lambda n: f"positions 0..{n - 1}" if isinstance(n, int) else f"{n} positions")
+        words = shared("num_tokens", lambda n: f"{n} random words" if isinstance(n, int) else "random words")
+        out += [f"Identical-word probing: first-layer attention logits, mean of heads, {lengths}, {words}.", "",
+                "| checkpoint | encoding " + SCORE_HEADER, "|---|---|---|---|---|---|---|"]
+        out += [f"| {r['name']} | {r['encoding']} | " + " | ".join(_fmt(r[f'identical_word.{c}'])
+                                                                 for c in SCORE_COLUMNS)
+                + " |" for r in rows if r["name"] in {a.name for a in probed}]
     with_abs = [r for r in rows if r["has_absolute"]]
     if with_abs:
         out += ["", "Absolute position vectors (block 1), dot products (symmetric by construction); the "
@@ -436,7 +554,14 @@ def summary_markdown(analyses: Sequence[Analysis]) -> str:
                 "| checkpoint | encoding " + VECTOR_HEADER + " asymmetry |", "|---|---|---|---|---|---|---|"]
         out += [f"| {r['name']} | {r['encoding']} | " + " | ".join(_fmt(r[f'relative.{c}']) for c in VECTOR_COLUMNS)
                 + f" | {_fmt(r['relative.direction_asymmetry'])} |" for r in with_rel]
-    return "\n".join(out) + "\n"
+    skipped = {}  # the same skips (a table's) named once, with the inputs they concern
+    for a in analyses:
+        if a.scores["skipped"]:
+            skipped.setdefault(tuple(_skips(a.scores)), []).append(a.name)
+    for skips, names in skipped.items():
+        out += ["", f"Not analysed for {', '.join(names)} (position tables without their model): "
+                + "; ".join(f"{what} {why}" for what, why in skips) + "."]
+    return "\n".join(out[1:] if out and out[0] == "" else out) + "\n"
 
 
 def largest_norms(scores: dict) -> List[float]:
@@ -455,11 +580,15 @@ def write_comparison(analyses: Sequence[Analysis], out_dir: str) -> List[str]:
     table = summary_markdown(analyses)
     write_text(os.path.join(out_dir, "properties.md"), table)
     written += ["properties.json", "properties.md"]
-    with atomic_path(os.path.join(out_dir, "identical-word.png")) as tmp:
-        plots.heatmap_grid([(a.name, a.matrices["identical_word_mean"]) for a in analyses], tmp,
-                           "identical-word probing: first-layer logits, mean of heads", columns=5,
-                           xlabel="key position j", ylabel="query position i")
-    written.append("identical-word.png")
+    probed = [a for a in analyses if a.scores["identical_word"]]
+    if probed:
+        with atomic_path(os.path.join(out_dir, "identical-word.png")) as tmp:
+            plots.heatmap_grid([(a.name, a.matrices["identical_word_mean"]) for a in probed], tmp,
+                               "identical-word probing: first-layer logits, mean of heads", columns=5,
+                               xlabel="key position j", ylabel="query position i")
+        written.append("identical-word.png")
+    elif os.path.isfile(os.path.join(out_dir, "identical-word.png")):  # an earlier run's, of checkpoints
+        os.remove(os.path.join(out_dir, "identical-word.png"))
     with_abs = [a for a in analyses if a.scores["absolute"]]
     if with_abs:
         with atomic_path(os.path.join(out_dir, "absolute.png")) as tmp:
@@ -468,13 +597,15 @@ def write_comparison(analyses: Sequence[Analysis], out_dir: str) -> List[str]:
         written.append("absolute.png")
     elif os.path.isfile(os.path.join(out_dir, "absolute.png")):  # an earlier run's, of other checkpoints
         os.remove(os.path.join(out_dir, "absolute.png"))
-    curves = [(a.name, largest_norms(a.scores), a.scores["identical_word"]["max_abs_up_to"]) for a in analyses]
+    curves = [(a.name, largest_norms(a.scores), logit_maxima(a.scores)) for a in analyses]
     lengths = {a.scores["trained_length"] for a in analyses}
     with atomic_path(os.path.join(out_dir, "norms.png")) as tmp:
         plots.norm_comparison_plot(curves, tmp, trained_length=lengths.pop() if len(lengths) == 1 else None,
                                    title="size against position")
     written.append("norms.png")
-    lines = ["# Position analysis", "", table, "![identical-word](identical-word.png)", ""]
+    lines = ["# Position analysis", "", table]
+    if probed:
+        lines += ["![identical-word](identical-word.png)", ""]
     if with_abs:
         lines += ["![absolute](absolute.png)", ""]
     lines += ["![norms](norms.png)", ""]
@@ -484,20 +615,26 @@ def write_comparison(analyses: Sequence[Analysis], out_dir: str) -> List[str]:
     return written
 
 
-def default_names(paths: Sequence[str]) -> List[str]:
-    """A name per checkpoint: its folder's name (``systems/ape-learned/checkpoint_best.pt`` ->
-    ``ape-learned``), with the file's stem when two share a folder name."""
-    folder = [os.path.basename(os.path.dirname(os.path.abspath(p))) or "checkpoint" for p in paths]
-    names = [f if folder.count(f) == 1 else f"{f}-{os.path.splitext(os.path.basename(p))[0]}"
-             for f, p in zip(folder, paths)]
-    return names
+def default_names(paths: Sequence[str], kinds: Optional[Sequence[str]] = None) -> List[str]:
+    """A name per input: a checkpoint's folder name (``systems/ape-learned/checkpoint_best.pt`` ->
+    ``ape-learned``), a position table's file stem (``tables/bert.npy`` -> ``bert``), a Hugging Face
+    model folder's name; when two would share a name, a checkpoint's gets the file's stem and a
+    table's its folder's name (``ape-learned-checkpoint_best``, ``tables-bert``)."""
+    kinds = list(kinds) if kinds else ["checkpoint"] * len(paths)
+    full = [os.path.abspath(p) for p in paths]
+    folder = [os.path.basename(os.path.dirname(p)) or "checkpoint" for p in full]
+    stem = [os.path.basename(p) if k == "huggingface" else os.path.splitext(os.path.basename(p))[0]
+            for p, k in zip(full, kinds)]
+    first = [f if k == "checkpoint" else s for f, s, k in zip(folder, stem, kinds)]
+    return [n if first.count(n) == 1 else f"{f}-{s}" for n, f, s in zip(first, folder, stem)]
 
 
-def resolve_names(paths: Sequence[str], names: Optional[Sequence[str]] = None) -> List[str]:
-    """One valid folder name per checkpoint: ``names``, or :func:`default_names`."""
+def resolve_names(paths: Sequence[str], names: Optional[Sequence[str]] = None,
+                  kinds: Optional[Sequence[str]] = None) -> List[str]:
+    """One valid folder name per input: ``names``, or :func:`default_names`."""
     if not paths:
         raise AnalysisError("give at least one CHECKPOINT")
-    names = list(names) if names else default_names(paths)
+    names = list(names) if names else default_names(paths, kinds)
     if len(names) != len(paths):
         raise AnalysisError(f"--names gives {len(names)} names for {len(paths)} checkpoints")
     for n in names:
@@ -517,30 +654,43 @@ def planned_outputs(out_dir: str, names: Sequence[str]) -> List[str]:
 
 def analyze_checkpoints(paths: Sequence[str], out_dir: str, names: Optional[Sequence[str]] = None,
                         options: AnalysisOptions = AnalysisOptions(), force: bool = True) -> List[Analysis]:
-    """The Python API of ``fairseq-pe-analyze``: analyse every checkpoint, write ``out_dir/NAME/``
-    for each and the comparison (``properties.md/json``, ``report.md``, pictures) in ``out_dir``.
+    """The Python API of ``fairseq-pe-analyze``: analyse every input (a checkpoint, or a position
+    table: a ``.npy``/``.pt`` table or a Hugging Face model folder, see :mod:`.tables`), write
+    ``out_dir/NAME/`` for each and the comparison (``properties.md/json``, ``report.md``, pictures)
+    in ``out_dir``.
 
     ``force=False`` refuses (before any work) to replace the files of an earlier analysis, as the
     command does without ``--force``; no output is ever written over a checkpoint analysed."""
-    from .checkpoint import CheckpointError, load_checkpoint
+    from .checkpoint import load_checkpoint
+    from .tables import input_kind, load_position_table
 
-    names = resolve_names(paths, names)
-    for path in paths:
-        if not os.path.isfile(path):
-            raise CheckpointError(f"{path}: no such file")
+    if not paths:
+        raise AnalysisError("give at least one CHECKPOINT")
+    kinds = [input_kind(path) for path in paths]  # a missing path is an error naming it
+    names = resolve_names(paths, names, kinds)
     check_new_files(planned_outputs(out_dir, names), force, flag="--out", where=out_dir,
-                    inputs=[("CHECKPOINT", p) for p in paths])
+                    inputs=[("CHECKPOINT" if k == "checkpoint" else "INPUT", p) for p, k in zip(paths, kinds)])
+    if options.num_tokens is not None and "checkpoint" not in kinds:
+        raise AnalysisError("--num-tokens: identical-word probing needs a fairseq checkpoint, and every input is a "
+                            "position table (" + ", ".join(paths) + ")")
+
+    def load(path, kind):
+        return load_checkpoint(path) if kind == "checkpoint" else load_position_table(path)
+
+    def check(loaded, kind):
+        return check_options(loaded, options) if kind == "checkpoint" else check_table_options(loaded, options)
+
     if len(paths) > 1 and (options.length is not None or options.probe_length is not None
                            or options.num_tokens is not None or options.side != "encoder"):
-        # explicit options can fail for one checkpoint: find out before analysing any
-        for path in paths:
-            check_options(load_checkpoint(path), options)
+        # explicit options can fail for one input: find out before analysing any
+        for path, kind in zip(paths, kinds):
+            check(load(path, kind), kind)
     analyses = []
-    for i, (path, name) in enumerate(zip(paths, names), 1):
+    for i, (path, kind, name) in enumerate(zip(paths, kinds, names), 1):
         start = time.time()
         logger.info(f"[{i}/{len(paths)}] {name}: loading {path}")
-        loaded = load_checkpoint(path)
-        analysis = analyze(loaded, name, options)
+        loaded = load(path, kind)
+        analysis = analyze(loaded, name, options) if kind == "checkpoint" else analyze_table(loaded, name, options)
         write_checkpoint(analysis, os.path.join(out_dir, name))
         logger.info(f"[{i}/{len(paths)}] {name}: loaded, analysed and written in {time.time() - start:.1f} s "
                     f"-> {out_dir}/{name}/report.md")
