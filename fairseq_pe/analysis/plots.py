@@ -7,7 +7,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from fairseq_pe.translation.bucket_bleu import pyplot
+from fairseq_pe.plotting import pyplot, system_styles
 
 
 def _save(plt, fig, path: str, title: str = ""):
@@ -95,8 +95,9 @@ def frequency_plot(entries: Sequence[dict], path: str):
     """Learned against initial frequencies (log scale) and the ψ(m) curves they give."""
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.4))
-    for i, e in enumerate(entries):  # each set against its own initial values (D differs: model or head)
-        colour = f"C{i % 10}"
+    styles = system_styles([e["name"] for e in entries])
+    for e in entries:  # each set against its own initial values (D differs: model or head)
+        colour = styles[e["name"]]["color"]
         left.plot([abs(w) for w in e["learned"]], color=colour, label=f"{e['name']} learned")
         left.plot(e["initial"], color=colour, linestyle="--", linewidth=0.8, label=f"{e['name']} initial")
         right.plot(e["psi_learned"], color=colour,
@@ -122,8 +123,9 @@ def probe_plot(curves: Sequence[Tuple[str, List[int], List[float]]], path: str):
     """Absolute error of the regression probe at each held-out (odd) position."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    styles = system_styles([name for name, _, _ in curves])
     for name, positions, errors in curves:
-        ax.plot(positions, errors, label=name, linewidth=1)
+        ax.plot(positions, errors, label=name, linewidth=1, color=styles[name]["color"])
     ax.set_xlabel("position (odd positions, held out)", fontsize=8)
     ax.set_ylabel("|predicted − true position|", fontsize=8)
     ax.set_yscale("symlog", linthresh=1.0)
@@ -142,8 +144,9 @@ def norm_plot(norms: Sequence[Tuple[str, List[float]]], logit_max: List[float], 
     the panel says so); the trained length is a dashed line when known."""
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    styles = system_styles([name for name, _ in norms])
     for name, values in norms:
-        ax1.plot(range(len(values)), values, label=name, linewidth=1)
+        ax1.plot(range(len(values)), values, label=name, linewidth=1, color=styles[name]["color"])
     if norms:
         ax1.set_yscale("log")
         ax1.legend(fontsize=7, ncol=2)
@@ -171,11 +174,13 @@ def norm_comparison_plot(curves: Sequence[Tuple[str, List[float], List[float]]],
     tables have none)."""
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    styles = system_styles([name for name, _, _ in curves])
     for name, norms, logits in curves:
+        style = {"color": styles[name]["color"], "linestyle": styles[name]["linestyle"]}
         if norms:
-            ax1.plot(range(len(norms)), norms, label=name, linewidth=1)
+            ax1.plot(range(len(norms)), norms, label=name, linewidth=1, **style)
         if logits:
-            ax2.plot(range(len(logits)), logits, label=name, linewidth=1)
+            ax2.plot(range(len(logits)), logits, label=name, linewidth=1, **style)
     if not any(logits for _, _, logits in curves):
         ax2.text(0.5, 0.5, "no identical-word logits (position tables only)", ha="center", va="center",
                  transform=ax2.transAxes)

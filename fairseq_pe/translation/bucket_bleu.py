@@ -41,6 +41,7 @@ from fairseq_pe.translation.bleu import (
 )
 from fairseq_pe.errors import UserError, cli
 from fairseq_pe.outputs import atomic_path, check_new_files, describe, write_json, write_text
+from fairseq_pe.plotting import pyplot, system_styles
 
 #: the files of ``--out PREFIX``
 OUT_SUFFIXES = (".txt", ".json", ".png")
@@ -183,24 +184,6 @@ def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(head), sep] + [line(r) for r in rows])
 
 
-def pyplot():
-    """matplotlib's pyplot on the Agg backend, without the DEBUG logging that importing fairseq turns on.
-    Lines cycle through the 10 tab10 colours solid, then dashed, then dotted: up to 30 systems in one plot
-    without two alike (the default cycle repeats its colours from the 11th)."""
-    import logging
-
-    import matplotlib
-    from matplotlib import cycler
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams["axes.prop_cycle"] = (cycler(linestyle=["-", "--", ":"])
-                                       * cycler(color=matplotlib.colormaps["tab10"].colors))
-    return plt
-
-
 def format_table(results: Dict[str, Dict[str, dict]], buckets: Sequence[Bucket], title: str,
                  extras: Sequence[str] = (), key: str = "bleu") -> str:
     """One row per system: the buckets, ``all``, then one column per extra test set (its overall score).
@@ -247,6 +230,7 @@ def plot(results: Dict[str, Dict[str, dict]], buckets: Sequence[Bucket], path: s
     Extra test sets are separate points on the right of each panel.  Error bars: the standard
     deviation over seeds (``KEY_sd``), or the bootstrap interval of a single seed (``KEY_ci``)."""
     plt = pyplot()
+    styles = system_styles(results)
     labels = [bucket_label(b) for b in buckets]
     xs_extra = [len(labels) + 0.5 + i for i in range(len(extras))]
 
@@ -265,11 +249,12 @@ def plot(results: Dict[str, Dict[str, dict]], buckets: Sequence[Bucket], path: s
     fig, axes = plt.subplots(1, len(panels), figsize=((6.5 + 0.4 * len(extras)) * len(panels), 4.8), squeeze=False)
     for ax, (source, key, ylabel, subtitle) in zip(axes[0], panels):
         for name, res in source.items():
-            ln = ax.errorbar(range(len(labels)), [value(res[lab], key) for lab in labels],
-                             yerr=[spread(res[lab], key) for lab in labels], marker="o", capsize=3, label=name)
+            style = styles[name]
+            ax.errorbar(range(len(labels)), [value(res[lab], key) for lab in labels],
+                        yerr=[spread(res[lab], key) for lab in labels], capsize=3, label=name, **style)
             if extras:
                 ax.errorbar(xs_extra, [value(res[e], key) for e in extras], yerr=[spread(res[e], key) for e in extras],
-                            marker="s", linestyle="none", capsize=3, color=ln.lines[0].get_color())
+                            capsize=3, **{**style, "linestyle": "none"})
         ax.set_xticks(list(range(len(labels))) + xs_extra)
         ax.set_xticklabels(labels + list(extras))
         if extras:

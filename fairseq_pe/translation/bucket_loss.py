@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq_pe.translation.bleu import Bucket, assign_bucket, bucket_label, parse_buckets
-from fairseq_pe.translation.bucket_bleu import load_spm, markdown_table, parse_lengths, parse_systems, pyplot, read_lines
+from fairseq_pe.translation.bucket_bleu import load_spm, markdown_table, parse_lengths, parse_systems, read_lines
+from fairseq_pe.plotting import pyplot, system_styles
 from fairseq_pe.errors import UserError, cli
 from fairseq_pe.outputs import check_new_files, savefig, write_json, write_text
 
@@ -318,11 +319,13 @@ def plot(results: Dict[str, dict], buckets: Sequence[Bucket], path: str, title: 
     plt = pyplot()
     labels = [bucket_label(b) for b in buckets]
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    styles = system_styles(results)
     for name, r in results.items():
         ys = [r["buckets"][lab]["nll"] for lab in labels]
-        axes[0].plot(range(len(labels)), [math.nan if y is None else y for y in ys], marker="o", label=name)
+        axes[0].plot(range(len(labels)), [math.nan if y is None else y for y in ys], label=name, **styles[name])
         curve = [c for c in r["positions"] if c["n"] >= CURVE_MIN_SENTENCES]
-        axes[1].plot([c["position"] for c in curve], [c["nll"] for c in curve], linewidth=1, label=name)
+        axes[1].plot([c["position"] for c in curve], [c["nll"] for c in curve], linewidth=1, label=name,
+                     color=styles[name]["color"], linestyle=styles[name]["linestyle"])
     axes[0].set_xticks(range(len(labels)))
     axes[0].set_xticklabels(labels)
     axes[0].set_xlabel(xlabel)

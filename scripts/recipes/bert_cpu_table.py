@@ -189,9 +189,10 @@ def main():
 
 def plot(rows, path):
     """SST-2 accuracy and SQuAD F1 by answer position, bars with the standard deviation over seeds."""
-    from fairseq_pe.translation.bucket_bleu import pyplot
+    from fairseq_pe.plotting import pyplot, system_styles
 
     plt = pyplot()
+    styles = system_styles([r["system"] for r in rows])
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     names = [r["system"] for r in rows]
     ax1.bar(names, [r.get("sst2_accuracy") or 0 for r in rows], yerr=[r.get("sst2_accuracy_sd") or 0 for r in rows],
@@ -204,7 +205,7 @@ def plot(rows, path):
         xs = [j + i * width for j in range(len(BUCKETS))]
         keys = [f"squad_f1_at_{name}" for _, _, name in BUCKETS]
         ax2.bar(xs, [r.get(k) or 0 for k in keys], yerr=[r.get(k + "_sd") or 0 for k in keys], capsize=2,
-                width=width, label=r["system"])
+                width=width, label=r["system"], color=styles[r["system"]]["color"])
     ax2.set_xticks([j + width * (len(rows) - 1) / 2 for j in range(len(BUCKETS))])
     ax2.set_xticklabels([f"answer at {name}" for _, _, name in BUCKETS])
     ax2.set_ylabel("SQuAD v1.1 dev F1")
