@@ -1,4 +1,4 @@
-"""FLOATER under fairseq's distributed training on CPU: the command of the README,
+"""FLOATER under fairseq's distributed training on CPU: the command of docs/floater.md,
 ``torchrun --nproc_per_node 2 fairseq-train ... --cpu --distributed-backend gloo``, trains one
 model in two processes (DDP, without --find-unused-parameters)."""
 

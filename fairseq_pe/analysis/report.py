@@ -8,7 +8,7 @@ relative vectors (Shaw-style encodings), the first layer's identical-word logits
 only keys up to the query: the others are NaN) and learned frequencies.  A position table without a
 model (a ``.npy``/``.pt`` table, a Hugging Face model's: :mod:`.tables`) gets the analyses of its
 absolute vectors only (:func:`analyze_table`); what it skips, and why, is in its ``skipped``.  The
-definitions of the scores are in :mod:`fairseq_pe.analysis.properties` and in the README.
+definitions of the scores are in :mod:`fairseq_pe.analysis.properties` and in ``docs/analysis.md``.
 """
 
 import logging
@@ -440,7 +440,7 @@ def _markdown_body(a: Analysis, pictures: Dict[str, str], lines: List[str]) -> s
     """report.md from its title and settings ``lines`` on: the scores, pictures and skips."""
     s = a.scores
     lines += ["", "## Property scores", "",
-              "Definitions: the README's *Analysis* section (translation invariance and symmetry: 0 is exact; "
+              "Definitions: docs/analysis.md, *The scores* (translation invariance and symmetry: 0 is exact; "
               "window: how many offsets φ(x, x+m) keeps strictly decreasing, median over x).", "",
               "| matrix " + SCORE_HEADER, "|---|---|---|---|---|---|"]
     lines += [f"| {what} | {_score_cells(sc)} |" for what, sc in _score_rows(a)]

@@ -31,7 +31,7 @@ def add_position_encoding_args(parser):
         help="relative position encoding in encoder and decoder self-attention (not in "
              "cross-attention): none; learned (Shaw et al.); sinusoidal (NEZHA); "
              "learnable-sinusoidal (Wang et al.); rope; xpos; alibi; t5; kerple-log, kerple-power (KERPLE); "
-             "sandwich; fire (README: relative encodings). Default: none",
+             "sandwich; fire (docs/encodings.md). Default: none",
     )
     group.add_argument(
         "--pe-relative-max-distance", type=int, metavar="K",
@@ -61,7 +61,7 @@ def add_position_encoding_args(parser):
                        help="randomised positions (Ruoss et al. 2023): train with a sorted random subset of positions "
                             "of [0, L) for each sequence instead of 0..n-1, in every encoding that takes positions "
                             "(APEs, RoPE/xPos, relative biases and vectors); in evaluation each source sentence gets a fixed "
-                            "draw of its own and the decoder 0..n-1 (README: randomised positions). Sequences are at "
+                            "draw of its own and the decoder 0..n-1 (docs/encodings.md). Sequences are at "
                             "most L long. "
                             "Default: off")
     group.add_argument("--pe-fire-threshold", type=float, metavar="L0",

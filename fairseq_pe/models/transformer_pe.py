@@ -112,7 +112,7 @@ class TransformerPEDecoder(TransformerDecoderBase):
 
 @register_model("transformer_pe")
 class TransformerPEModel(TransformerModel):
-    """fairseq's Transformer with ``--pe-*`` position encodings (see ``fairseq_pe/README``)."""
+    """fairseq's Transformer with ``--pe-*`` position encodings (see ``docs/encodings.md``)."""
 
     def __init__(self, args, encoder, decoder):
         super().__init__(args, encoder, decoder)

@@ -178,13 +178,13 @@ def add_floater_args(group):
     group.add_argument("--pe-floater-dt", type=float, metavar="DT",
                        help="Δt: position i sits at time t_i = i·Δt. Default 0.1, so that training sentences of tens of "
                             "tokens span t of order 1 (the official code's 0.01 suits WMT lengths of hundreds; "
-                            "README: FLOATER, bounded positions)")
+                            "docs/floater.md, bounded positions)")
     group.add_argument("--pe-floater-solver", choices=SOLVERS,
                        help="torchdiffeq method: rk4, euler, midpoint (fixed step) or dopri5 (adaptive). "
                             "Default rk4")
     group.add_argument("--pe-floater-step-size", type=float, metavar="H",
                        help="fixed-step solvers: the step, a divisor of Δt (default Δt, one step per "
-                            "position; the official code uses Δt/5, see README for the measured difference)")
+                            "position; the official code uses Δt/5, docs/floater.md gives the measured difference)")
     group.add_argument("--pe-floater-rtol", type=float, help="dopri5: relative tolerance (default 1e-5)")
     group.add_argument("--pe-floater-atol", type=float, help="dopri5: absolute tolerance (default 1e-7)")
     group.add_argument("--pe-floater-adjoint", action="store_true",
@@ -205,7 +205,7 @@ def add_floater_args(group):
                             "position, and grow at most linearly past the training lengths instead of exponentially. "
                             "Default for --pe-absolute floater: 1 (transformer_pe), 0.02 (roberta_pe, whose token "
                             "embeddings are 50x smaller); 0.1 with --pe-floater-bias (for both forms together); "
-                            "0: unbounded, the paper's h (README: FLOATER, bounded positions)")
+                            "0: unbounded, the paper's h (docs/floater.md, bounded positions)")
     group.add_argument("--pe-floater-refresh-updates", type=int, metavar="N",
                        help="solve the ODE with a gradient once every N updates and reuse the solution, "
                             "without gradient to the dynamics, in between (the official code: 400). "
@@ -257,13 +257,13 @@ def uses_floater(args) -> bool:
     return getattr(args, "pe_absolute", None) == "floater" or bool(getattr(args, "pe_floater_bias", False))
 
 
-#: --pe-floater-bound's default, per form (measured on the quickstart: README, bounded positions): the
+#: --pe-floater-bound's default, per form (measured on the quickstart: docs/floater.md, bounded positions): the
 #: absolute form moves its positions up to B·Δt = 0.1 per coordinate and position, the Q/K/V biases 0.01
 BOUND_DEFAULTS = {"absolute": 1.0, "bias": 0.1}
 #: roberta_pe's: its token embeddings are N(0, 0.02²) and unscaled, 50x smaller per coordinate than
 #: transformer_pe's (N(0, 1/D) times √D), so the absolute form's bound shrinks by the same 50 (B = 0.02 is to
 #: BERT's tokens what B = 1 is to the transformer's); with B = 1 the positions of the BERT CPU run reached a norm of
-#: 145 at position 128, against 0.23 for a token, the imbalance of the unscaled sinusoids (README, BERT on CPU).
+#: 145 at position 128, against 0.23 for a token, the imbalance of the unscaled sinusoids (docs/results.md, BERT on CPU).
 #: The Q/K/V biases add to the attention's projections, the same size in both models: 0.1 in both
 ROBERTA_BOUND_DEFAULTS = {"absolute": 0.02, "bias": 0.1}
 

@@ -17,7 +17,7 @@ learned position row or a token embedding at initialisation.
 
 Defaults: ``transformer_pe`` S = 1 (the unscaled sinusoids, so stock fairseq and ``sinusoidal-fairseq``
 checkpoints convert exactly); ``roberta_pe``: :data:`ROBERTA_DEFAULTS`, chosen by the BERT CPU run
-(README).  The scale is in the state dict (``sinusoid_scale``, a parameter or a buffer), so a
+(docs/bert.md).  The scale is in the state dict (``sinusoid_scale``, a parameter or a buffer), so a
 checkpoint records the value it was trained with; one saved before the scale existed has none, and
 loads with S = 1, as it was trained.
 """

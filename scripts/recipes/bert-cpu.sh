@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# BERT-style comparison of position encodings at CPU scale (the README's "BERT on CPU" table).
+# BERT-style comparison of position encodings at CPU scale (the "BERT-style pretraining and fine-tuning on CPU" table of docs/results.md).
 #
 # For each encoding: masked-LM pretraining of roberta_pe_tiny (4 layers x 128) on ../shared/data/mono/en
 # at 128 tokens (the table has --max-positions 512 rows, as BERT's first phase), then two fine-tunings

@@ -48,7 +48,7 @@
 # H100, ≈ 12-20 h on one A100. One big run = 300k updates (Vaswani et al.: 3.5 days on 8 P100):
 # ≈ 20-25 h on 8×V100 (≈ 180 GPU-hours), ≈ 50-70 h on one H100. FLOATER's ODE is solved
 # sequentially over the positions of each micro-batch (one rk4 step per position, in float32):
-# 1.04× a sinusoidal run on CPU (README), but on GPUs small sequential kernels are launch-bound,
+# 1.04× a sinusoidal run on CPU (docs/speed.md), but on GPUs small sequential kernels are launch-bound,
 # so we budget 1.5-2× per update for floater, floater-input and the floater-ws fine-tuning (not
 # measured). Whole recipe (6 runs from scratch, 2 of them FLOATER, + 2 fine-tunings of 20k updates):
 #   base: ≈ 22-45 h on 8×V100 (≈ 180-350 GPU-hours); ≈ 60-105 h on one H100

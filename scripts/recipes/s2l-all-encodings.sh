@@ -14,7 +14,7 @@
 # Numbers to compare with: none published for this set of encodings. FLOATER's Figure 2 (a plot
 # without numbers in the paper) covers three of them and states that FLOATER "performs
 # particularly well on long sentences, even though only short sentences are seen by the model
-# during training". The quickstart's synthetic analogue (README, "What it printed here") is the
+# during training". The quickstart's synthetic analogue (docs/results.md, "The quickstart: three seeds") is the
 # closest reference in this project: there the fixed sinusoids extrapolated best and the learned
 # APE, the learned RPE and FLOATER from scratch the worst; this recipe tests that on real data.
 #

@@ -20,7 +20,7 @@
 # SHORT_TEST_SIZE (1000), JOBS (2 systems at a time), THREADS (1 torch thread each),
 # ARCH (transformer_pe_tiny), SYSTEMS (space-separated names of fairseq-pe-quickstart systems; default:
 # the 11 below; any NAME=FLAGS system can be given as a --systems argument instead).
-# Time on 2 CPU cores with the defaults: about 1.5-2 h per seed (see the README).
+# Time on 2 CPU cores with the defaults: about 1.5-2 h per seed (see docs/results.md).
 # scripts/recipes/s2l-cpu-captions.sh runs it on the caption and Tatoeba pairs, where the models translate.
 # A re-run reuses the split and every finished run (delete WORKDIR/runs/systems/NAME/seed-S to redo one).
 set -euo pipefail
