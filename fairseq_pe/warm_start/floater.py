@@ -94,17 +94,27 @@ def _model_args(state):
     raise WarmStartError("the checkpoint has neither cfg.model nor args: not a fairseq checkpoint")
 
 
-def converted_args(model_args, floater_options: dict):
-    """The ``transformer_pe`` + ``--pe-floater-bias`` arguments for a checkpoint's model arguments."""
+def registered_model_class(model_args, base, stock: str, ours: str, described: str, hint: str = ""):
+    """The model class that fairseq's registry gives a checkpoint's ``--arch``, if it is a ``base``.
+
+    The errors name fairseq's ``stock`` model and the plugin's ``ours`` (``transformer``,
+    ``transformer_pe``), ``described`` in words, and end with ``hint``."""
     if not isinstance(model_args, argparse.Namespace):
-        raise WarmStartError("this checkpoint's model configuration is not a fairseq Transformer's (argparse) one")
+        raise WarmStartError(f"this checkpoint's model configuration is not {described}'s (argparse) one")
     arch = getattr(model_args, "arch", None) or getattr(model_args, "_name", None)
     cls = ARCH_MODEL_REGISTRY.get(arch)
+    if cls is None or not issubclass(cls, base):
+        raise WarmStartError(f"--arch {arch}: only fairseq's {stock} and fairseq_pe's {ours} checkpoints can be "
+                             f"converted{hint}")
+    return cls
+
+
+def converted_args(model_args, floater_options: dict):
+    """The ``transformer_pe`` + ``--pe-floater-bias`` arguments for a checkpoint's model arguments."""
     from fairseq.models.transformer import TransformerModel
 
-    if cls is None or not issubclass(cls, TransformerModel):
-        raise WarmStartError(f"--arch {arch}: only fairseq's transformer and fairseq_pe's transformer_pe checkpoints "
-                             "can be converted")
+    cls = registered_model_class(model_args, TransformerModel, "transformer", "transformer_pe",
+                                 "a fairseq Transformer")
     args = copy.deepcopy(model_args)
     if issubclass(cls, TransformerPEModel):
         if getattr(args, "pe_floater_bias", False) or getattr(args, "pe_absolute", None) == "floater":

@@ -46,7 +46,7 @@ from fairseq_pe.models.roberta_pe import LEARNED_TABLE_KEY, RobertaPEModel
 from fairseq_pe.positional.learned import LearnedPositionEncoding
 from fairseq_pe.positional.sinusoid_scale import SCALE_KEY
 from fairseq_pe.warm_start.floater import (WarmStartError, _model_args, check_paths, load_original, read_checkpoint,
-                                   save_converted)
+                                           registered_model_class, save_converted)
 
 logger = logging.getLogger("fairseq_pe.warm_start.roberta")
 
@@ -55,13 +55,8 @@ STOCK_TABLE_KEY = "encoder.sentence_encoder.embed_positions.weight"
 
 def converted_args(model_args, pe_options: dict):
     """``roberta_pe`` arguments: the checkpoint's sizes and options, the ``--pe-*`` given."""
-    if not isinstance(model_args, argparse.Namespace):
-        raise WarmStartError("this checkpoint's model configuration is not fairseq RoBERTa's (argparse) one")
-    arch = getattr(model_args, "arch", None) or getattr(model_args, "_name", None)
-    cls = ARCH_MODEL_REGISTRY.get(arch)
-    if cls is None or not issubclass(cls, RobertaModel):
-        raise WarmStartError(f"--arch {arch}: only fairseq's roberta and fairseq_pe's roberta_pe checkpoints can "
-                             "be converted (transformer checkpoints: fairseq-pe-warm-start-floater)")
+    cls = registered_model_class(model_args, RobertaModel, "roberta", "roberta_pe", "fairseq RoBERTa",
+                                 " (transformer checkpoints: fairseq-pe-warm-start-floater)")
     args = copy.deepcopy(model_args)
     stock = not issubclass(cls, RobertaPEModel)
     if stock:
