@@ -13,6 +13,7 @@ form) and each recurrent baseline of FLOATER's Table 6:
 
 import os
 import re
+import shutil
 
 import pytest
 import torch
@@ -118,17 +119,16 @@ def test_train_generate_rescore(tmp_path, data_bin, name, all_blocks, relative, 
     beam_scores = positional_scores(gen.stdout)
     assert sorted(beam_scores) == list(range(N_TEST))
 
-    # rescoring those hypotheses as references gives the scores beam search printed
-    text = tmp_path / "rescore"
-    text.mkdir()
-    (text / "test.src").write_text("".join(s.source + "\n" for s in sentences))
-    (text / "test.tgt").write_text("".join(s.hypothesis + "\n" for s in sentences))
-    rescore_bin = str(tmp_path / "rescore-bin")
-    cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--testpref", f"{text}/test",
-        "--destdir", rescore_bin, "--srcdict", f"{data_bin}/dict.src.txt", "--tgtdict", f"{data_bin}/dict.tgt.txt",
-        "--workers", "1")
-    ref = cli("fairseq-generate", rescore_bin, "--user-dir", PLUGIN, "--path", ckpt, "--gen-subset", "test",
-              "--score-reference", "--batch-size", "7", "--cpu", "--num-workers", "0")
+    # rescoring those hypotheses as references gives the scores beam search printed (fairseq reads
+    # them as text, --dataset-impl raw, with the same dictionaries and EOS as fairseq-preprocess)
+    rescore = tmp_path / "rescore"
+    rescore.mkdir()
+    (rescore / "test.src-tgt.src").write_text("".join(s.source + "\n" for s in sentences))
+    (rescore / "test.src-tgt.tgt").write_text("".join(s.hypothesis + "\n" for s in sentences))
+    for side in ("src", "tgt"):
+        shutil.copy(f"{data_bin}/dict.{side}.txt", rescore)
+    ref = cli("fairseq-generate", str(rescore), "--user-dir", PLUGIN, "--path", ckpt, "--gen-subset", "test",
+              "--dataset-impl", "raw", "--score-reference", "--batch-size", "7", "--cpu", "--num-workers", "0")
     ref_scores = positional_scores(ref.stdout)
     assert sorted(ref_scores) == list(range(N_TEST))
     lengths = set()
