@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from doc_commands import doc_files
+
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+DOCS = [Path(path) for path in doc_files()]  # the pages the doc-command test reads
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
