@@ -27,6 +27,15 @@ so ``fairseq-train`` / ``fairseq-generate`` users never see them:
    launch-environment setup is wrapped: without GPUs, torchrun's ``WORLD_SIZE``/``RANK``
    are used as they are with GPUs, with device 0 (the CPU); and fairseq's DDP wrapper, which
    passes ``device_ids=[0]`` (refused by torch for a CPU module), passes none on the CPU.
+6. ``fairseq-train --bf16``: fairseq 0.12's parser sets ``--tpu`` with it, so bf16 training on a GPU or the CPU
+   asks for torch_xla and stops.  Without ``--tpu`` on the command line (and without torch_xla) it trains on the
+   device it is given, with fairseq's FP16Optimizer in its bf16 form (``--memory-efficient-bf16`` likewise).
+7. Position parameters with a range (KERPLE's r₁, r₂: :func:`fairseq_pe.positional.base.constrain`) are
+   projected back into it after every optimizer step, in the copy the optimizer updates: the parameter itself,
+   or ``--fp16``/``--bf16``'s float32 master, which fairseq copies over the model after each step.
+8. ``--ddp-backend legacy_ddp`` all-reduces every gradient through one flat buffer of the first parameter's
+   dtype: under ``--fp16``/``--bf16`` the float32 position parameters' gradients went through half precision.
+   Each dtype is reduced in a buffer of its own.
 """
 
 import contextlib
@@ -183,27 +192,150 @@ def _ddp_on_cpu(factory):
     return wrapper
 
 
+def _constrained(params):
+    """(tensor, bounds) of the parameters marked by :func:`fairseq_pe.positional.base.constrain`."""
+    return [(p.data, p.pe_bounds) for p in params if getattr(p, "pe_bounds", None) is not None]
+
+
+def _projected_after_step(step):
+    """``FairseqOptimizer.step``: then project the constrained parameters it updates (plain optimizers, and
+    the wrapped optimizer of ``--memory-efficient-fp16``/``-bf16``, ``--amp`` and BMUF)."""
+    @functools.wraps(step)
+    def wrapper(self, *args, **kwargs):
+        from fairseq_pe.positional.base import project_
+
+        result = step(self, *args, **kwargs)
+        constrained = getattr(self, "_fairseq_pe_constrained", None)
+        if constrained is None:  # the parameter groups are fixed: found once
+            constrained = self._fairseq_pe_constrained = _constrained(self.params)
+        for tensor, bounds in constrained:
+            project_(tensor, bounds)
+        return result
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
+def _fp16_masters(optimizer):
+    """(master copy, bounds) of every constrained parameter of fairseq's ``FP16Optimizer`` (``--fp16``,
+    ``--bf16``): a slice of the flat float32 buffer (laid out as ``_sync_fp32_params_to_fp16`` reads it), or the
+    parameter's own float32 copy."""
+    if not optimizer.has_flat_params:
+        return [(p32.data, p.pe_bounds) for p, p32 in zip(optimizer.fp16_params, optimizer.fp32_params)
+                if getattr(p, "pe_bounds", None) is not None]
+    by_device = {}
+    for p in optimizer.fp16_params:
+        by_device.setdefault(p.device.index, []).append(p)
+    masters = []
+    for device, flat in optimizer.fp32_params.items():
+        offset = 0
+        for p in by_device.get(device, []):
+            if getattr(p, "pe_bounds", None) is not None:
+                masters.append((flat.data[offset:offset + p.numel()], p.pe_bounds))
+            offset += p.numel()
+    return masters
+
+
+def _masters_projected(sync):
+    """``FP16Optimizer``'s copy of its float32 masters into the model: project the constrained masters first, so
+    that the optimizer's next step starts from the values the model uses (fairseq would otherwise copy its
+    unprojected master over the model's parameter after every step)."""
+    @functools.wraps(sync)
+    def wrapper(self):
+        from fairseq_pe.positional.base import project_
+
+        masters = getattr(self, "_fairseq_pe_masters", None)
+        if masters is None:
+            masters = self._fairseq_pe_masters = _fp16_masters(self)
+        for tensor, bounds in masters:
+            project_(tensor, bounds)
+        return sync(self)
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
+def _reduced_per_dtype(all_reduce_grads):
+    """``--ddp-backend legacy_ddp``: all-reduce the gradients of each dtype in a buffer of that dtype.  fairseq's
+    one flat buffer takes the dtype of the model's first parameter, so under ``--fp16``/``--bf16`` the gradients
+    of the float32 position parameters (kept float32 by :class:`~fairseq_pe.positional.base.Float32State`) were
+    rounded to half precision, or overflowed, on their way through it."""
+    @functools.wraps(all_reduce_grads)
+    def wrapper(self):
+        import torch
+
+        groups = {}  # dtype -> the per-device lists of its parameters
+        for params in self.per_device_params:
+            by_dtype = {}
+            for p in params:
+                by_dtype.setdefault(p.dtype, []).append(p)
+            for dtype, same in by_dtype.items():
+                groups.setdefault(dtype, []).append(same)
+        if len(groups) <= 1:
+            return all_reduce_grads(self)
+        buffers = self.__dict__.setdefault("_fairseq_pe_buffers", {})
+        per_device_params, buffer = self.per_device_params, self.buffer
+        try:
+            for dtype, per_device in groups.items():
+                if dtype not in buffers:
+                    size = min(self.buffer_size, max(sum(p.numel() for p in ps) for ps in per_device))
+                    buffers[dtype] = torch.zeros(size, dtype=dtype, device=per_device[0][0].device)
+                self.per_device_params, self.buffer = per_device, buffers[dtype]
+                all_reduce_grads(self)
+        finally:
+            self.per_device_params, self.buffer = per_device_params, buffer
+        return None
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
+def _bf16_without_tpu(parse_args_and_arch):
+    """fairseq 0.12's parser turns ``--bf16`` into ``--tpu`` (bf16 was a TPU feature when it was written): on a GPU
+    or the CPU, ``fairseq-train --bf16`` then asks for torch_xla and stops.  Unless ``--tpu`` is on the command line
+    or torch_xla is installed, ``--bf16`` trains on the device it is given, as ``--fp16`` does (bf16 weights,
+    fairseq's FP16Optimizer with float32 masters and no loss scaling, or ``--memory-efficient-bf16``)."""
+    @functools.wraps(parse_args_and_arch)
+    def wrapper(parser, input_args=None, *args, **kwargs):
+        import importlib.util
+        import sys
+
+        parsed = parse_args_and_arch(parser, input_args, *args, **kwargs)
+        namespace = parsed[0] if isinstance(parsed, tuple) else parsed
+        given = sys.argv[1:] if input_args is None else input_args
+        if getattr(namespace, "bf16", False) and getattr(namespace, "tpu", False) and "--tpu" not in given \
+                and importlib.util.find_spec("torch_xla") is None:
+            namespace.tpu = False
+        return parsed
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
+def _patch(owner, name: str, wrap):
+    """Replace ``owner.name`` by ``wrap(owner.name)``, once (the wrappers mark themselves ``_fairseq_pe_patched``)."""
+    original = getattr(owner, name)
+    if not getattr(original, "_fairseq_pe_patched", False):
+        setattr(owner, name, wrap(original))
+
+
 def apply():
-    from fairseq import checkpoint_utils
+    from fairseq import checkpoint_utils, models, options
     from fairseq.data import data_utils
+    from fairseq.distributed import LegacyDistributedDataParallel
     from fairseq.distributed import utils as distributed_utils
-
-    from fairseq import models
-
-    if not getattr(models.DistributedFairseqModel, "_fairseq_pe_patched", False):
-        models.DistributedFairseqModel = _ddp_on_cpu(models.DistributedFairseqModel)
-    if not getattr(distributed_utils.infer_init_method, "_fairseq_pe_patched", False):
-        distributed_utils.infer_init_method = _torchrun_on_cpu(distributed_utils.infer_init_method)
-
-    install_excepthook()
+    from fairseq.optim import FairseqOptimizer
+    from fairseq.optim.fp16_optimizer import _FP16OptimizerMixin
     from fairseq.tasks import FairseqTask
 
-    if not getattr(FairseqTask.filter_indices_by_size, "_fairseq_pe_patched", False):
-        FairseqTask.filter_indices_by_size = _size_errors_named(FairseqTask.filter_indices_by_size)
-    if not getattr(checkpoint_utils.load_model_ensemble_and_task, "_fairseq_pe_patched", False):
-        checkpoint_utils.load_model_ensemble_and_task = _model_files_checked(
-            checkpoint_utils.load_model_ensemble_and_task)
-    if not getattr(checkpoint_utils.load_checkpoint_to_cpu, "_fairseq_pe_patched", False):
-        checkpoint_utils.load_checkpoint_to_cpu = _load_checkpoint_trusted(checkpoint_utils.load_checkpoint_to_cpu)
-    if not getattr(data_utils.batch_by_size, "_fairseq_pe_patched", False):
-        data_utils.batch_by_size = _batch_by_size_keeping_every_sentence(data_utils.batch_by_size)
+    install_excepthook()
+    _patch(models, "DistributedFairseqModel", _ddp_on_cpu)
+    _patch(distributed_utils, "infer_init_method", _torchrun_on_cpu)
+    _patch(FairseqTask, "filter_indices_by_size", _size_errors_named)
+    _patch(checkpoint_utils, "load_model_ensemble_and_task", _model_files_checked)
+    _patch(checkpoint_utils, "load_checkpoint_to_cpu", _load_checkpoint_trusted)
+    _patch(data_utils, "batch_by_size", _batch_by_size_keeping_every_sentence)
+    _patch(options, "parse_args_and_arch", _bf16_without_tpu)
+    _patch(LegacyDistributedDataParallel, "all_reduce_grads", _reduced_per_dtype)
+    _patch(FairseqOptimizer, "step", _projected_after_step)
+    _patch(_FP16OptimizerMixin, "_sync_fp32_params_to_fp16", _masters_projected)

@@ -28,3 +28,12 @@ def pytest_runtest_setup(item):
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item):
     _set_current_test(None)
+
+
+@pytest.fixture
+def cpu_fp16_optimizer(monkeypatch):
+    """fairseq's flat FP16Optimizer keys its float32 buffer by ``torch.cuda.current_device()``, which fails without
+    CUDA; on CPU parameters have device index None, so the buffer is keyed by None (as fairseq's own tests do)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)

@@ -151,3 +151,77 @@ def synthetic_data_bin(root, **corpus) -> str:
         "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test", "--destdir", dest, "--joined-dictionary",
         "--workers", "1")
     return dest
+
+
+def training_config(*flags: str):
+    """fairseq's configuration of ``fairseq-train DATA --user-dir fairseq_pe --arch transformer_pe_tiny --cpu
+    --optimizer adam ... FLAGS`` (parsed by fairseq's own parser; DATA is not read)."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        "/nonexistent-data", "--user-dir", PLUGIN, "--arch", "transformer_pe_tiny", "--cpu", "--optimizer", "adam",
+        "--lr", "0.01", *flags])
+    return convert_namespace_to_omegaconf(args)
+
+
+#: the fairseq-train flags of each precision
+PRECISION_FLAGS = {
+    "fp32": [],
+    "fp16": ["--fp16"],
+    "bf16": ["--bf16"],
+    "memory-efficient-fp16": ["--fp16", "--memory-efficient-fp16"],
+    "memory-efficient-bf16": ["--bf16", "--memory-efficient-bf16"],
+}
+
+
+def fairseq_optimizer(params, precision: str, *flags: str):
+    """The optimizer fairseq's trainer builds for ``precision`` (:data:`PRECISION_FLAGS`): its Adam, plain, or
+    wrapped by ``FP16Optimizer`` (float32 master copies; flat for --fp16) or ``MemoryEfficientFP16Optimizer``.
+    On CPU, use the ``cpu_fp16_optimizer`` fixture."""
+    from fairseq import optim
+
+    cfg = training_config(*PRECISION_FLAGS[precision], *flags)
+    if precision == "fp32":
+        return optim.build_optimizer(cfg.optimizer, params)
+    wrapper = optim.MemoryEfficientFP16Optimizer if precision.startswith("memory") else optim.FP16Optimizer
+    return wrapper.build_optimizer(cfg, params)
+
+
+def optimizer_masters(optimizer, params):
+    """The tensors ``optimizer`` updates for ``params``: FP16Optimizer's float32 masters (slices of its flat
+    buffer, or its per-parameter copies), else the parameters themselves."""
+    fp32_params = getattr(optimizer, "fp32_params", None)
+    if fp32_params is None:
+        return [p.detach() for p in params]
+    if not optimizer.has_flat_params:
+        copies = dict(zip(map(id, optimizer.fp16_params), optimizer.fp32_params))
+        return [copies[id(p)].detach() for p in params]
+    (flat,) = fp32_params.values()
+    offsets, offset = {}, 0
+    for p in optimizer.fp16_params:
+        offsets[id(p)] = offset
+        offset += p.numel()
+    return [flat.detach()[offsets[id(p)]:offsets[id(p)] + p.numel()] for p in params]
+
+
+def largest_tensor_created(fn):
+    """``fn()``'s result and the number of elements of the largest tensor any torch operation created while it ran
+    (a memory measure that does not depend on the allocator: no intermediate is larger than this)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Largest(TorchDispatchMode):
+        numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    Largest.numel = max(Largest.numel, t.numel())
+            return out
+
+    with Largest():
+        result = fn()
+    return result, Largest.numel

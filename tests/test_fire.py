@@ -11,7 +11,7 @@ from fairseq_pe.errors import UserError
 from fairseq_pe.positional import build_position_encoding
 from fairseq_pe.positional.fire import EPS, HIDDEN
 
-from helpers import build_model, random_tokens
+from helpers import build_model, largest_tensor_created, random_tokens
 
 
 def fire(heads=2, blocks=2, causal=False, **args):
@@ -94,14 +94,45 @@ def test_bad_threshold_and_other_family_are_refused():
         build_model("--pe-relative", "fire", "--pe-relative-untie-heads")
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_below_the_threshold_the_bias_is_computed_per_distance(causal):
-    """All positions below L: f is evaluated once per distance (Toeplitz); the same values as per pair, also for
-    a decoding step, and the threshold still gets a gradient."""
-    enc = fire(causal=causal, pe_fire_threshold=20.0)
-    fast = enc.position_bias(6, 9, 3, 1)
-    enc.row_positions = torch.arange(9).unsqueeze(0)  # the per-pair path on the same positions
-    torch.testing.assert_close(enc.position_bias(6, 9, 3, 1)[0], fast)
-    enc.row_positions = None
-    enc.position_bias(7, 7, 0, 1).sum().backward()
-    assert enc.threshold_scale.grad.abs().sum() > 0 and enc.c.grad.abs().sum() > 0
+def test_the_piecewise_linear_evaluation_is_the_network():
+    """f evaluated piece by piece (network_at) gives the network's values and gradients, at random inputs, at the
+    cuts between pieces and at the ends of [−1, 1], for the initial network and one with units that never switch."""
+    enc = fire(heads=3)
+    x = torch.cat([torch.rand(500) * 2 - 1, torch.tensor([-1.0, 0.0, 1.0])])
+    for variant in ("initial", "flat units"):
+        if variant == "flat units":
+            with torch.no_grad():
+                enc.w1[0, :5] = 0.0  # constant units, on (b₁ > 0) or off
+                enc.b1[0, :3] = 0.4
+        cuts = (-enc.b1[0] / enc.w1[0]).detach()
+        points = torch.cat([x, cuts[(cuts.abs() <= 1) & torch.isfinite(cuts)]]).requires_grad_()
+        expected = enc.network(points, 0).t()
+        got = enc.network_at(points, 0)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+        # gradients off the cuts (at a cut the two one-sided derivatives differ, as relu's at 0)
+        inputs = x.clone().requires_grad_()
+        weights = torch.randn(3, inputs.numel())
+        wrt = [inputs, enc.w1, enc.b1, enc.w2, enc.b2]
+        grads = torch.autograd.grad((enc.network(inputs, 0).t() * weights).sum(), wrt)
+        for a, b in zip(torch.autograd.grad((enc.network_at(inputs, 0) * weights).sum(), wrt), grads):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():  # without autograd, a large input is computed one head at a time: the same values
+        large = torch.rand(3, 700, 700) * 2 - 1
+        torch.testing.assert_close(enc.network_at(large, 0), enc.network(large, 0).movedim(-1, 0), rtol=1e-5,
+                                   atol=1e-6)
+
+
+def test_a_bias_per_row_builds_nothing_larger_than_itself():
+    """With positions per row (left padding, randomised positions) the bias is (B, H, T, S); before, the network
+    ran on a (B, T, S, 32) hidden tensor (512 MiB per layer at T = 1024 and B = 4, 8 heads), 16 times the bias here."""
+    enc = fire(heads=2, pe_fire_threshold=4.0)
+    positions = torch.arange(40).repeat(3, 1)
+    positions[1, :7] = -1
+    positions[1, 7:] -= 7
+    enc.set_row_positions(positions, 40)
+    with torch.no_grad():
+        bias, largest = largest_tensor_created(lambda: enc.position_bias(40, 40, 0, 1))
+    assert bias.shape == (3, 2, 40, 40)
+    assert largest <= bias.numel()
+    enc.set_row_positions(None)
+    torch.testing.assert_close(bias[0], enc.position_bias(40, 40, 0, 1))  # the indices' own bias

@@ -11,7 +11,7 @@ from fairseq_pe.errors import UserError
 from fairseq_pe.positional import build_position_encoding
 from fairseq_pe.positional.kerple import EPS
 
-from helpers import build_model, random_tokens
+from helpers import build_model, fairseq_optimizer, optimizer_masters, random_tokens
 
 
 def kerple(name, heads=2, blocks=2, causal=False, **args):
@@ -50,13 +50,54 @@ def test_power_kernel_by_hand():
 
 
 @pytest.mark.parametrize("name,high", [("kerple-log", None), ("kerple-power", 2.0)])
-def test_parameters_are_projected_into_range_before_use(name, high):
+def test_values_out_of_range_are_used_clamped(name, high):
+    """A value set by other means than a fairseq optimizer (which projects it) is used clamped into range."""
     enc = kerple(name)
     set_params(enc, [[-1.0, 0.0], [5.0, 0.3]], [[-2.0, 7.0], [0.001, 1.0]])
-    enc.position_bias(2, 2, 0, 1)
-    assert enc.r1[0].tolist() == pytest.approx([EPS, EPS]) and enc.r1[1].tolist() == pytest.approx([5.0, 0.3])
-    assert enc.r2[0, 0].item() == pytest.approx(EPS) and enc.r2[1, 0].item() == pytest.approx(EPS)
-    assert enc.r2[0, 1].item() == (7.0 if high is None else high)
+    clamped = kerple(name)
+    set_params(clamped, [[EPS, EPS], [5.0, 0.3]], [[EPS, 7.0 if high is None else high], [EPS, 1.0]])
+    for block in (1, 2):
+        torch.testing.assert_close(enc.position_bias(5, 5, 0, block), clamped.position_bias(5, 5, 0, block))
+
+
+PRECISIONS = ["fp32", "fp16", "bf16", "memory-efficient-fp16", "memory-efficient-bf16"]
+
+
+def test_the_projection_reaches_the_copy_every_fairseq_optimizer_updates(cpu_fp16_optimizer):
+    """r₁, r₂ at their bounds, with a gradient that pushes them past: after every update of fairseq's Adam, plain
+    or wrapped by FP16Optimizer (--fp16, --bf16: a float32 master copy) or MemoryEfficientFP16Optimizer, the
+    parameters are at their bounds, the optimizer's copy equals the model's, and every optimizer gives the same
+    values.  Before the fix the master of --fp16/--bf16 drifted past the bound (−0.501, −0.502, ...) while the
+    forward pass used the bound."""
+    trajectories = {}
+    for precision in PRECISIONS:
+        model, _ = build_model("--pe-absolute", "none", "--pe-relative", "kerple-power")
+        if precision != "fp32":
+            model = model.to(torch.float16 if "fp16" in precision else torch.bfloat16)
+        enc = model.encoder.embed_positions.relative
+        with torch.no_grad():
+            enc.r1[0, 0] = EPS
+            enc.r2[0, 0] = EPS
+            enc.r2[1, 1] = 2.0
+        optimizer = fairseq_optimizer([p for p in model.parameters() if p.requires_grad], precision)
+        trajectory = []
+        for _ in range(4):
+            optimizer.zero_grad()
+            # through the bias −r₁·d^r₂ (d = 1, 2): pushes r₁[0, 0], r₂[0, 0] down and r₂[1, 1] up, past their
+            # bounds; the others move freely
+            loss = -enc.position_bias(3, 3, 0, 1)[0].sum() + enc.position_bias(3, 3, 0, 2)[1].sum()
+            optimizer.backward(loss)
+            optimizer.clip_grad_norm(0.0)
+            optimizer.step()
+            bound = torch.tensor(EPS).item()  # in float32
+            assert enc.r1[0, 0].item() == bound and enc.r2[0, 0].item() == bound and enc.r2[1, 1].item() == 2.0, precision
+            for param, master in zip((enc.r1, enc.r2), optimizer_masters(optimizer, (enc.r1, enc.r2))):
+                assert torch.equal(master.view_as(param), param.detach()), precision
+            trajectory.append(torch.cat([enc.r1.detach().flatten(), enc.r2.detach().flatten()]))
+        trajectories[precision] = torch.stack(trajectory)
+        assert not torch.equal(trajectories[precision][0], trajectories[precision][-1])  # it trained
+        torch.testing.assert_close(trajectories[precision], trajectories["fp32"], rtol=1e-6, atol=1e-7,
+                                   msg=precision)
 
 
 def test_initialisation_follows_the_official_code():

@@ -63,7 +63,7 @@ def test_rows_positions_equal_to_the_indices_give_the_usual_terms(name, causal):
         return rq @ rk.transpose(-1, -2), bias, logits, values
 
     usual = terms()
-    enc.row_positions = torch.arange(5).repeat(2, 1)
+    enc.set_row_positions(torch.arange(5).repeat(2, 1), 5)
     rows = terms()
     for a, b in zip(usual, rows):
         if a is None:
@@ -72,9 +72,9 @@ def test_rows_positions_equal_to_the_indices_give_the_usual_terms(name, causal):
         torch.testing.assert_close(b.expand(2, *a.shape[-3:]) if b.dim() == 4 else b,
                                    a.expand(2, *a.shape[-3:]) if a.dim() == 3 and b.dim() == 4 else a)
     # shifted positions: distance-only families do not change; a gap changes them
-    enc.row_positions = torch.arange(5).repeat(2, 1) + 7
+    enc.set_row_positions(torch.arange(5).repeat(2, 1) + 7, 12)
     shifted = terms()
-    enc.row_positions = torch.tensor([[0, 1, 2, 3, 4], [0, 3, 9, 10, 30]])
+    enc.set_row_positions(torch.tensor([[0, 1, 2, 3, 4], [0, 3, 9, 10, 30]]), 31)
     gapped = terms()
     if name != "fire":  # FIRE's normaliser takes the positions themselves
         for a, b in zip(rows, shifted):

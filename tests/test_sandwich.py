@@ -10,7 +10,7 @@ import torch
 from fairseq_pe.errors import UserError
 from fairseq_pe.positional import build_position_encoding
 
-from helpers import build_model
+from helpers import build_model, largest_tensor_created
 
 
 def sandwich(heads=2, embed_dim=16, causal=False, **args):
@@ -64,3 +64,21 @@ def test_dim_flag_for_another_family_is_refused():
         build_model("--pe-relative", "alibi", "--pe-sandwich-dim", "8")
     model, _ = build_model("--pe-absolute", "none", "--pe-relative", "sandwich", "--pe-sandwich-dim", "8")
     assert model.encoder.embed_positions.relative.dim == 8 and model.decoder.embed_positions.relative.dim == 8
+
+
+def test_a_bias_per_row_is_gathered_from_the_distances_and_builds_nothing_larger():
+    """With randomised positions each row has its own distances: the bias of every possible distance is computed once
+    and gathered, the values of the dot products of those rows (before: a (B, T, S, d̄/2) float64 tensor, 2 GiB at
+    4,096 tokens and T = 256, rebuilt in every layer)."""
+    from fairseq_pe.positional.sandwich import sandwich_bias
+
+    enc = sandwich(heads=2, embed_dim=64)
+    torch.manual_seed(0)
+    positions = torch.rand(3, 50).argsort(dim=1)[:, :40].sort(dim=1).values  # sorted draws from [0, 50)
+    positions[2, :4] = -1  # padding
+    enc.set_row_positions(positions, 50)
+    with torch.no_grad():
+        bias, largest = largest_tensor_created(lambda: enc.position_bias(40, 40, 0, 1))
+    assert bias.shape == (3, 2, 40, 40) and largest <= bias.numel()
+    distances = positions.unsqueeze(1) - positions.unsqueeze(2)  # j − i
+    torch.testing.assert_close(bias, sandwich_bias(distances, 64, 2).transpose(0, 1))

@@ -46,23 +46,55 @@ from fairseq.modules import MultiheadAttention
 BLOCK_ELEMENTS = 1 << 22
 
 
+def saturated(bias: Tensor, masking: Optional[Tensor], dtype) -> Tensor:
+    """A float32 position bias made safe for ``dtype``'s logits (float32; the caller adds ``masking`` and casts).
+
+    A bias can exceed fp16's range (KERPLE-power's −r₁·|i−j|^r₂ passes −65504 at a few hundred tokens; ALiBi,
+    FIRE or a trained T5 can too): cast as it is, it becomes −inf, a padding query whose real keys are all that far
+    away gets a row of −inf only, the softmax of that row is NaN, and probability 0 × NaN carries it into the real
+    tokens of the next layer.  So each row of the bias is shifted by the largest value it has at a key that
+    ``masking`` (the causal and padding masks, 0 or −inf) leaves visible, which the softmax does not see (its
+    weights are unchanged), and clamped from below at −max/2 of ``dtype`` (fp16: −32752): exp of an entry that far
+    below the row's maximum is 0 in any precision, as exp(−inf) is, so the result is unchanged to rounding, and
+    the margin keeps q·k + bias finite.  The masks themselves stay −inf, as fairseq's: a query always has a visible
+    key (its own, or the first one), so no row is all −inf."""
+    limit = torch.finfo(dtype).max / 2
+    visible = bias if masking is None else bias + masking
+    top = visible.detach().amax(dim=-1, keepdim=True)
+    del visible
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    return (bias - top).clamp(min=-limit)
+
+
 def merged_mask(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], bias: Optional[Tensor],
                 bsz: int, tgt_len: int, src_len: int, dtype) -> Optional[Tensor]:
-    """One additive float mask for SDPA, broadcastable to (B, H, T, S): fairseq's ``attn_mask`` (T, S),
-    the padding (B, S, True at padding) and a position bias (H, T, S), or (B, H, T, S) for a bias per row.  Each keeps its own size
-    ((1, 1, T, S), (B, 1, 1, S), (1, H, T, S)); the sum has the batch dimension only with padding."""
-    mask = None
+    """One additive mask of ``dtype`` for the logits, broadcastable to (B, H, T, S): fairseq's ``attn_mask``
+    (T, S), the padding (B, S, True at padding) and a position bias (H, T, S), or (B, H, T, S) for a bias per
+    row (:func:`saturated`), summed in float32.  Each keeps its own size ((1, 1, T, S), (B, 1, 1, S),
+    (1, H, T, S)); the sum has the batch dimension only with padding."""
+    masking = None
     if attn_mask is not None:
-        mask = attn_mask.to(dtype).view(1, 1, tgt_len, src_len)
-    if bias is not None:
-        bias = bias.to(dtype)
-        bias = bias.unsqueeze(0) if bias.dim() == 3 else bias  # (B, H, T, S): a bias per row (FIRE's offsets)
-        mask = bias if mask is None else mask + bias
+        masking = attn_mask.float().view(1, 1, tgt_len, src_len)
     if key_padding_mask is not None:
-        padding = torch.zeros(bsz, 1, 1, src_len, dtype=dtype, device=key_padding_mask.device).masked_fill_(
+        padding = torch.zeros(bsz, 1, 1, src_len, device=key_padding_mask.device).masked_fill_(
             key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), float("-inf"))
-        mask = padding if mask is None else mask + padding
-    return mask
+        masking = padding if masking is None else masking + padding
+    mask = masking
+    if bias is not None:
+        bias = bias.float()
+        bias = bias.unsqueeze(0) if bias.dim() == 3 else bias  # (B, H, T, S): a bias per row (FIRE's offsets)
+        bias = saturated(bias, masking, dtype)
+        mask = bias if masking is None else bias + masking
+    return None if mask is None else mask.to(dtype)
+
+
+def safe_softmax(logits: Tensor) -> Tensor:
+    """float32 softmax over the last dimension, 0 for a row whose entries are all −inf (as torch's fused
+    attention kernels give on CPU) where fairseq's softmax gives NaN."""
+    if hasattr(torch.ops.aten, "_safe_softmax"):  # torch >= 2.5: SDPA's own
+        return torch.ops.aten._safe_softmax(logits, -1, torch.float32)
+    probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+    return probs.masked_fill(torch.isnan(probs), 0.0)
 
 
 class PositionAttention(MultiheadAttention):
@@ -150,8 +182,12 @@ class PositionAttention(MultiheadAttention):
             saved["prev_key_padding_mask"] = key_padding_mask
             self._set_input_buffer(incremental_state, saved)
 
+        value_dtype = v.dtype
+        if q.dtype != v.dtype:  # queries and keys kept in float32 by the encoding (xPos's scales in fp16)
+            v = v.to(q.dtype)
         if not explicit and not relative.query_terms and not (torch.is_grad_enabled() and relative.bias_requires_grad):
-            return self._fused(q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim), None
+            return self._fused(q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim,
+                               value_dtype), None
 
         src_len = k.size(2)
         q = q * self.scaling
@@ -173,7 +209,7 @@ class PositionAttention(MultiheadAttention):
                     blocks.append(self._block(*args))
             out = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)
             probs = None
-        out = self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim))
+        out = self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim).to(value_dtype))
         weights = None
         if need_weights or need_head_weights:
             weights = probs.transpose(1, 0)  # (H, B, T, S), as fairseq returns them
@@ -181,7 +217,7 @@ class PositionAttention(MultiheadAttention):
                 weights = weights.mean(dim=0)
         return out, weights
 
-    def _fused(self, q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim):
+    def _fused(self, q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim, out_dtype=None):
         """SDPA with one float mask (module docstring); returns the (T, B, E) output projection."""
         src_len = k.size(2)
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
@@ -200,7 +236,8 @@ class PositionAttention(MultiheadAttention):
         dropout = self.dropout_module
         p = dropout.p if (self.training or dropout.apply_during_inference) else 0.0
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=self.scaling)
-        return self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim))
+        out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
+        return self.out_proj(out if out_dtype is None else out.to(out_dtype))
 
     def _block(self, q, k, v, attn_mask, key_padding_mask, query_offset, start, end):
         """Query rows start..end of the attention output (B, H, rows, d), computed explicitly."""
@@ -224,15 +261,14 @@ class PositionAttention(MultiheadAttention):
             logits.add_(term.to(logits.dtype))
             del term
         bias = relative.position_bias(end - start, src_len, offset, self.block)
-        if bias is not None:
-            logits.add_(bias.to(logits.dtype))
-        if attn_mask is not None:
-            logits.add_(attn_mask[start:end].to(logits.dtype))
-        if key_padding_mask is not None:
-            logits.masked_fill_(key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), float("-inf"))
+        mask = merged_mask(None if attn_mask is None else attn_mask[start:end], key_padding_mask, bias, bsz, rows,
+                           src_len, logits.dtype)
+        if mask is not None:
+            logits.add_(mask)
+            del mask
         if before_softmax:
             return None, None, logits
-        probs_float = utils.softmax(logits, dim=-1, onnx_trace=self.onnx_trace)
+        probs_float = utils.softmax(logits, dim=-1, onnx_trace=True) if self.onnx_trace else safe_softmax(logits)
         probs = self.dropout_module(probs_float.type_as(logits))
         out = torch.matmul(probs, v)
         values = relative.value_terms(probs.view(bsz * heads, rows, src_len), rows, src_len, offset, self.block)

@@ -171,5 +171,12 @@ def _validate_position_args(args):
             if used:
                 raise UserError(f"--cross-self-attention is not supported with {flag}: its attention over "
                                 "source and target together has no single position axis; remove one of them")
+    if getattr(args, "ddp_backend", None) == "fully_sharded":
+        half = [flag for flag in ("--fp16", "--bf16", "--memory-efficient-fp16", "--memory-efficient-bf16")
+                if getattr(args, flag[2:].replace("-", "_"), False)]
+        if half:
+            raise UserError(f"--ddp-backend fully_sharded is not supported with {half[0]} by fairseq_pe models: their "
+                            "position parameters stay float32 in a half-precision model (exact positions), and "
+                            "FSDP flattens the parameters into one dtype; use --ddp-backend c10d (or legacy_ddp)")
     validate_sinusoid_scale_args(args)
     validate_floater_args(args)

@@ -91,6 +91,25 @@ class Float32State(nn.Module):
         return module
 
 
+def constrain(parameter: nn.Parameter, low: Optional[float] = None, high: Optional[float] = None) -> nn.Parameter:
+    """Keep ``parameter`` within [low, high] by projection (a projected-gradient step): it is projected now, and
+    after every optimizer step, in the copy the optimizer updates: the parameter itself (plain optimizers,
+    ``--memory-efficient-fp16``/``-bf16``, ``--amp``) and the float32 master copy of ``--fp16``/``--bf16``
+    (fairseq's ``FP16Optimizer``), before it is copied back into the model (:mod:`fairseq_pe.compat`).  So the
+    values stored, used and updated are the same under every optimizer, and a resumed run continues the run it
+    resumes.  The bounds ride on the parameter object (``pe_bounds``), which conversions to half precision, DDP
+    and checkpoint loading keep."""
+    parameter.pe_bounds = (low, high)
+    project_(parameter.data, parameter.pe_bounds)
+    return parameter
+
+
+def project_(tensor: torch.Tensor, bounds) -> torch.Tensor:
+    """Clamp ``tensor`` into ``bounds`` (low, high; None: unbounded) in place, without a host sync."""
+    low, high = bounds
+    return tensor.clamp_(min=low, max=high)
+
+
 class WeakCache:
     """One cached tensor, keyed by plain values and by the identity of some tensors, that keeps
     nothing alive: the value lasts as long as someone uses it (the layers of one forward pass, or
@@ -237,6 +256,13 @@ class RelativePositionEncoding(nn.Module):
         #: (B, S) positions of every key index of the current pass (−1 at padding), set by the injector when they
         #: are not the indices (``--pe-random-positions``; left padding for :attr:`needs_positions`), else None
         self.row_positions: Optional[torch.Tensor] = None
+        #: an exclusive upper bound of :attr:`row_positions`, known without reading them (no host sync)
+        self.row_position_bound: Optional[int] = None
+
+    def set_row_positions(self, positions: Optional[torch.Tensor], bound: Optional[int] = None):
+        """Give the pass's rows their own positions (B, S), all below ``bound`` (−1 at padding), or None."""
+        self.row_positions = positions
+        self.row_position_bound = None if positions is None else bound
 
     def row_distances(self, tgt_len: int, src_len: int, query_offset: int) -> Optional[torch.Tensor]:
         """(B, T, S) signed distances j − i between the pass's row positions of key j and query i (query row r

@@ -14,6 +14,14 @@ Positions are the tokens' own (0 for a row's first real token), not their indice
 left-padded source the normaliser of a padded row would otherwise start late (the injector hands the
 rows' positions over, :attr:`row_positions`, as it does for randomised positions).
 
+Evaluation.  f is a ReLU network of one scalar with one hidden layer, so it is piecewise linear in its input x,
+with at most 33 pieces, cut where a hidden unit switches (x = −b₁ₖ/w₁ₖ): on each piece f(x) = A·x + B, with A and B
+the sums of w₂·w₁ and w₂·b₁ over the units that are on there.  The bias of every (query, key) pair is computed
+that way (:meth:`FirePositionBias.network_at`): the quotient x of each pair, its piece, then one multiply-add per
+head, instead of the 32 hidden units of every pair: no (B, T, S, 32) tensor (512 MiB per layer at T = 1024 and
+B = 4), the values of :meth:`FirePositionBias.network` to float rounding, and the same gradients (those of the
+units on at x).  Nothing is read back to the host: the bias is computed per pair whatever the threshold.
+
 Decoder (causal, the paper's form): j ≤ i, so i − j ≥ 0 and max(i, j, L) = max(i, L).  Encoder
 (bidirectional, which the paper does not define): the signed quotient
 sign(i − j)·ψ(|i − j|)/ψ(max(i, j, L)), in [−1, 1], so f tells left from right, and the normaliser
@@ -32,6 +40,8 @@ HIDDEN = 32
 C_INIT = 0.1
 EPS = 1e-6
 DEFAULT_THRESHOLD = 512
+#: without autograd, biases of more elements than this are computed one head at a time (no (H, ...) temporaries)
+HEADWISE_ELEMENTS = 1 << 22
 
 
 @register_position_encoding("relative", "fire")
@@ -74,9 +84,35 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
         return distance.sign() * torch.log1p(c * distance.abs()) / (torch.log1p(c * normaliser) + EPS)
 
     def network(self, x: torch.Tensor, index: int) -> torch.Tensor:
-        """f_θ of every element of ``x``: (..., H)."""
+        """f_θ of every element of ``x``: (..., H), written as the network it is (the reference of
+        :meth:`network_at`)."""
         hidden = torch.relu(x.unsqueeze(-1) * self.w1[index] + self.b1[index])
         return hidden @ self.w2[index] + self.b2[index]
+
+    def pieces(self, index: int):
+        """f_θ as a piecewise-linear function (module docstring): the sorted cuts (33 − 1,) between its pieces and
+        the slope and intercept of each piece, (33, H) each (differentiable in θ)."""
+        w1, b1, w2, b2 = self.w1[index], self.b1[index], self.w2[index], self.b2[index]
+        # a unit switches at x = −b₁/w₁; x lies in [−1, 1], so cuts outside [−2, 2] (and units with w₁ = 0, which
+        # never switch) can all sit at the ends
+        switching = w1 != 0
+        cuts = torch.where(switching, -b1 / torch.where(switching, w1, torch.ones_like(w1)), torch.full_like(b1, 2.0))
+        cuts = cuts.detach().clamp(-2.0, 2.0).sort().values
+        inside = torch.cat([cuts[:1] - 1, (cuts[1:] + cuts[:-1]) / 2, cuts[-1:] + 1])  # a point of every piece
+        on = (inside.unsqueeze(1) * w1 + b1 > 0).to(w1.dtype)  # (pieces, 32): the units on in each piece
+        return cuts, (on * w1) @ w2, (on * b1) @ w2 + b2
+
+    def network_at(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """f_θ of every element of ``x``, head first: (H, *x.shape); the values of :meth:`network` to rounding."""
+        cuts, slopes, intercepts = self.pieces(index)
+        piece = torch.searchsorted(cuts, x.detach().contiguous(), out_int32=True)
+        slopes, intercepts = slopes.t(), intercepts.t()  # (H, pieces)
+        if torch.is_grad_enabled() or x.numel() * self.num_heads <= HEADWISE_ELEMENTS:
+            return torch.addcmul(intercepts[:, piece], slopes[:, piece], x)
+        out = x.new_empty((self.num_heads,) + x.shape)  # large and without autograd: one head at a time
+        for h in range(self.num_heads):
+            torch.addcmul(intercepts[h][piece], slopes[h][piece], x, out=out[h])
+        return out
 
     def position_bias(self, tgt_len, src_len, query_offset, block):
         """(H, T, S) biases, or (B, H, T, S) when the rows have positions of their own (left padding, randomised
@@ -86,22 +122,13 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
 
         def bias():
             device = self.w1.device
-            last = max(query_offset + tgt_len, src_len) - 1
-            if positions is None and last < float(self.threshold_scale[index].abs()) * self.threshold:
-                # every position below the threshold: the normaliser is ψ(L) throughout and the bias a function
-                # of j − i: f over the T + S − 1 distances, viewed as (H, T, S) (a Toeplitz view, as T5's)
-                low = -(query_offset + tgt_len - 1)
-                j = torch.arange(low, src_len - query_offset, device=device)
-                per_distance = self.network(self.function_input(torch.zeros_like(j), j, index), index).t()
-                return per_distance.unfold(1, src_len, 1).flip(1)
             if positions is None:
                 i = torch.arange(query_offset, query_offset + tgt_len, device=device).view(-1, 1)
                 j = torch.arange(src_len, device=device).view(1, -1)
-            else:
-                i = positions[:, query_offset:query_offset + tgt_len].to(device).unsqueeze(2)
-                j = positions[:, :src_len].to(device).unsqueeze(1)
-            out = self.network(self.function_input(i, j, index), index)  # (..., T, S, H)
-            return out.movedim(-1, -3)
+                return self.network_at(self.function_input(i, j, index), index)
+            i = positions[:, query_offset:query_offset + tgt_len].to(device).unsqueeze(2)
+            j = positions[:, :src_len].to(device).unsqueeze(1)
+            return self.network_at(self.function_input(i, j, index), index).transpose(0, 1)
 
         if self.bias_requires_grad and torch.is_grad_enabled():
             return bias()  # a new graph for every block of rows (the blockwise path recomputes it in backward)

@@ -109,7 +109,8 @@ class PositionInjector(nn.Module):
             # the rows' own positions, where they are not the indices: sampled, or shifted by left padding for an
             # encoding that needs more than their differences (all of them: the keys so far while decoding)
             shifted = self.relative.needs_positions and bool(tokens[:, 0].eq(self.padding_idx).any())
-            self.relative.row_positions = positions if sampled or shifted else None
+            self.relative.set_row_positions(positions if sampled or shifted else None,
+                                            self.random_positions if sampled else tokens.size(1))
         self.length = max(int(positions.max()) + 1, 1) if positions.numel() else 1
         if incremental_state is not None:
             positions = positions[:, -1:]

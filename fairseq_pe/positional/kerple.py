@@ -5,9 +5,13 @@ a logit bias per head from a conditionally positive definite kernel of the dista
     kerple-power:  logits_ij += −r₁·|i − j|^r₂,  0 < r₂ ≤ 2     (Eq. 7, the "power variant")
 
 with r₁, r₂ > 0 learned for every head of every layer (as in the official implementation, one
-module per attention layer).  Positivity is kept as the official code keeps it: before each use the
-parameters are projected back into [ε, ∞), and r₂ of the power variant into [ε, 2], ε = 0.01 (a
-projected-gradient step; the values stored are the ones used).  Initialisation as the official code:
+module per attention layer).  Positivity is kept as the official code keeps it, by projection after each
+update: r₁, r₂ into [ε, ∞), and r₂ of the power variant into [ε, 2], ε = 0.01 (a projected-gradient step; the
+official code's ``param.data = param.data.clamp(...)``).  The projection is applied to the copy the optimizer
+updates, also fairseq's float32 master copy under ``--fp16``/``--bf16`` (:func:`~.base.constrain`), so the
+values stored, used and updated agree under every optimizer.  The forward pass uses the parameters clamped
+into the same ranges (the identity after a projection; a guard for values set by other means, e.g. an
+optimizer of another library).  Initialisation as the official code:
 the log variant's r₁ ~ U(0, 2) and r₂ ~ U(0, 1); the power variant's r₁ ~ U(0, 1) and r₂ ~ U(0, 2)
 (both then projected).
 
@@ -18,7 +22,7 @@ paper's causal form.  No length limit.
 import torch
 import torch.nn as nn
 
-from .base import Float32State, RelativePositionEncoding, register_position_encoding
+from .base import Float32State, RelativePositionEncoding, constrain, register_position_encoding
 
 EPS = 0.01
 POWER_MAX = 2.0
@@ -35,9 +39,8 @@ class _Kerple(Float32State, RelativePositionEncoding):
 
     def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
         super().__init__(embed_dim, num_heads, num_blocks, causal, args)
-        self.r1 = nn.Parameter(torch.rand(num_blocks, num_heads) * self.init_scales[0])
-        self.r2 = nn.Parameter(torch.rand(num_blocks, num_heads) * self.init_scales[1])
-        self.project()
+        self.r1 = constrain(nn.Parameter(torch.rand(num_blocks, num_heads) * self.init_scales[0]), EPS)
+        self.r2 = constrain(nn.Parameter(torch.rand(num_blocks, num_heads) * self.init_scales[1]), EPS, self.r2_max)
 
     @property
     def bias_requires_grad(self) -> bool:
@@ -46,12 +49,9 @@ class _Kerple(Float32State, RelativePositionEncoding):
     def bias_key(self, block):
         return block, self.r1._version, self.r2._version
 
-    def project(self):
-        """Put r₁, r₂ back into their allowed ranges (outside autograd: the values are replaced, as the
-        official code's ``param.data = param.data.clamp(...)``)."""
-        for p, high in ((self.r1, None), (self.r2, self.r2_max)):
-            if bool((p.data < EPS).any()) or (high is not None and bool((p.data > high).any())):
-                p.data = p.data.clamp(min=EPS, max=high)
+    def parameters_in_range(self, block: int):
+        """r₁, r₂ of ``block`` (H each) as the forward pass uses them: clamped into their ranges (no host sync)."""
+        return self.r1[block - 1].clamp(min=EPS), self.r2[block - 1].clamp(min=EPS, max=self.r2_max)
 
     def kernel(self, distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -59,12 +59,12 @@ class _Kerple(Float32State, RelativePositionEncoding):
     def position_bias(self, tgt_len, src_len, query_offset, block):
         """(H, T, S) biases, from the T + S − 1 distinct distances (a Toeplitz view, as T5's); (B, H, T, S) from
         the rows' own positions when they have them."""
-        self.project()
+        r1, r2 = self.parameters_in_range(block)
         rows = self.row_distances(tgt_len, src_len, query_offset)
         if rows is not None:  # the rows' own positions (randomised): (B, H, T, S)
-            r1, r2 = self.r1[block - 1].view(1, -1, 1, 1), self.r2[block - 1].view(1, -1, 1, 1)
+            r1, r2 = r1.view(1, -1, 1, 1), r2.view(1, -1, 1, 1)
             return self.kernel(rows.abs().unsqueeze(1).to(r1.dtype), r1, r2)
-        r1, r2 = self.r1[block - 1].view(-1, 1), self.r2[block - 1].view(-1, 1)
+        r1, r2 = r1.view(-1, 1), r2.view(-1, 1)
         low = -(query_offset + tgt_len - 1)
         distance = torch.arange(low, src_len - query_offset, device=r1.device).abs().to(r1.dtype)
         per_distance = self.kernel(distance.unsqueeze(0), r1, r2)  # (H, T + S − 1)

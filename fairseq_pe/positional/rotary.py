@@ -96,7 +96,10 @@ class RotaryPositionEncoding(Float32State, RelativePositionEncoding):
             custom_freqs=yarn_frequencies(self.head_dim, self.factor, args.pe_rope_scaling_original_length)
             if yarn else None,
             interpolate_factor=self.factor if self.scaling == "linear" else 1.0,
-            theta_rescale_factor=self.factor if self.scaling == "ntk" else 1.0)
+            theta_rescale_factor=self.factor if self.scaling == "ntk" else 1.0,
+            # no angle cache: the library keeps it in a buffer, which DDP's --broadcast-buffers overwrites with
+            # rank 0's while the cached length (a plain attribute) stays each rank's own; an empty one costs nothing
+            cache_if_possible=False, cache_max_seq_len=0)
         self.qk_scale = yarn_scale(self.factor) if yarn else 1.0
 
     def query_positions(self, length: int, query_offset: int, device):
@@ -130,6 +133,9 @@ class RotaryPositionEncoding(Float32State, RelativePositionEncoding):
 
 #: xPos's γ and B (Sun et al. 2022, §3.2: ζ_i = (2i/d + γ)/(1 + γ), scale base B = 512)
 XPOS_GAMMA, XPOS_SCALE_BASE = 0.4, 512.0
+#: positions from which xPos's scaled queries and keys are kept in float32 in an fp16 model: the smallest
+#: ζ (γ/(1 + γ)) to the power −m/B passes 2^8 there, which leaves fp16 (max 65504) a margin of 2^8 for the key
+FP16_SCALED_LENGTH = int(XPOS_SCALE_BASE * math.log(2 ** 8) / -math.log(XPOS_GAMMA / (1 + XPOS_GAMMA)))
 
 
 @register_position_encoding("relative", "xpos")
@@ -145,6 +151,8 @@ class XposPositionEncoding(RotaryPositionEncoding):
     absolute positions (not centred on the sequence as in torchscale, which re-rotates its whole key cache at
     every step): cached keys keep their scale, so step-by-step decoding equals the full pass.  In float32
     that bounds the length: ζ_0^(−m/B) overflows near m = 35,000; longer sequences are refused, never clamped.
+    In an fp16 model the scaled keys would overflow from about 3,500 positions: from
+    :data:`FP16_SCALED_LENGTH` (2,266) on, the scaled queries and keys stay float32 (bf16 has float32's range).
     """
 
     def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
@@ -162,12 +170,17 @@ class XposPositionEncoding(RotaryPositionEncoding):
         length = q.size(-2)
         positions = self.query_positions(length, query_offset, q.device)
         if positions is None:
+            last = query_offset + length - 1
             positions = torch.arange(query_offset, query_offset + length, device=q.device)
         else:  # the rows' own positions: (B, 1, T) (padding's −1 gets a harmless scale; it is masked)
+            last = self.row_position_bound - 1  # known without reading the positions (no host sync)
             positions = positions.unsqueeze(1)
-        last = int(positions.max())
         if last >= self.max_length:
             raise UserError(f"--pe-relative xpos: position {last} is beyond the {self.max_length} positions whose "
                             "scales float32 can hold; use --pe-relative rope for longer sequences")
+        # in fp16 the key's scale ζ^(−m/B) times the key leaves the range from a few thousand positions (and the
+        # query's underflows): past FP16_SCALED_LENGTH the scaled queries and keys stay float32 (the attention
+        # then runs in float32; cached keys of earlier steps are promoted); bf16 has float32's range
+        dtype = torch.float32 if q.dtype == torch.float16 and last >= FP16_SCALED_LENGTH else q.dtype
         exponent = positions.float().unsqueeze(-1) / XPOS_SCALE_BASE * self.log_zeta  # (..., T, d)
-        return (q.float() * exponent.exp()).to(q.dtype), (k.float() * (-exponent).exp()).to(k.dtype)
+        return (q.float() * exponent.exp()).to(dtype), (k.float() * (-exponent).exp()).to(dtype)

@@ -49,8 +49,14 @@ class SandwichPositionBias(Float32State, RelativePositionEncoding):
     def position_bias(self, tgt_len, src_len, query_offset, block):
         rows = self.row_distances(tgt_len, src_len, query_offset)
         if rows is not None:  # the rows' own positions (randomised): (B, H, T, S)
-            return self._cache.get((tgt_len, src_len, query_offset, "rows"), (self.row_positions,),
-                                   lambda: sandwich_bias(rows, self.dim, self.num_heads).transpose(0, 1))
+            def per_row():
+                # the bias of each of the 2·bound + 1 possible distances (positions in [−1, bound): −1 is padding),
+                # then gathered: nothing of size (B, T, S, d̄/2) is built (2 GiB at 4,096 tokens and T = 256)
+                bound = self.row_position_bound
+                table = sandwich_bias(torch.arange(-bound, bound + 1, device=rows.device), self.dim, self.num_heads)
+                return table[:, rows + bound].transpose(0, 1)
+
+            return self._cache.get((tgt_len, src_len, query_offset, "rows"), (self.row_positions,), per_row)
 
         def bias():
             # T + S − 1 distinct distances, viewed as (H, T, S) (a Toeplitz view, as T5's)

@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from fairseq_pe.errors import UserError
 
-from .base import RelativePositionEncoding, option, register_position_encoding
+from .base import Float32State, RelativePositionEncoding, option, register_position_encoding
 
 DEFAULT_NUM_BUCKETS = 32
 DEFAULT_MAX_DISTANCE = 128
@@ -46,8 +46,9 @@ def t5_bucket(relative_position: torch.Tensor, bidirectional: bool, num_buckets:
 
 
 @register_position_encoding("relative", "t5")
-class T5PositionBias(RelativePositionEncoding):
-    """Learned bucketed scalar bias per head (module docstring)."""
+class T5PositionBias(Float32State, RelativePositionEncoding):
+    """Learned bucketed scalar bias per head (module docstring); the table stays float32 in an fp16/bf16 model, as
+    every position parameter here (a bias beyond fp16's range would otherwise be stored as −inf)."""
 
     untiable = ("layers",)  # per head already
 

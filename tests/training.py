@@ -1,0 +1,64 @@
+"""fairseq's own trainer in this process, on a tiny translation model and hand-made batches: what
+``fairseq-train`` does for one update (its criterion, optimizer wrappers, loss scaling, overflow handling)
+without its data loading and start-up."""
+
+import logging
+import os
+
+import torch
+from fairseq import options, tasks
+from fairseq.data import Dictionary, LanguagePairDataset
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.trainer import Trainer
+
+from helpers import PLUGIN
+
+#: a 1+1-layer model of 16 dimensions and 2 heads: the attention and position code of the real ones, fast on CPU
+TINY = ["--arch", "transformer_pe_tiny", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim",
+        "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+
+
+def dictionary_dir(root, vocab: int = 40) -> str:
+    """A translation task's data folder with only its dictionaries (``src``, ``tgt``; the same symbols)."""
+    d = Dictionary()
+    for i in range(vocab):
+        d.add_symbol(f"w{i}")
+    for lang in ("src", "tgt"):
+        d.save(os.path.join(root, f"dict.{lang}.txt"))
+    return str(root)
+
+
+def build_trainer(data_dir, *flags, seed: int = 1):
+    """fairseq's Trainer, task, model and criterion for ``fairseq-train DATA --user-dir fairseq_pe --cpu ... FLAGS``
+    (label-smoothed cross-entropy, Adam, no dropout), the model initialised from ``seed``."""
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        str(data_dir), "--user-dir", PLUGIN, "--task", "translation", "-s", "src", "-t", "tgt", "--cpu",
+        "--optimizer", "adam", "--lr", "0.003", "--criterion", "label_smoothed_cross_entropy",
+        "--label-smoothing", "0.1", "--dropout", "0", "--seed", str(seed), "--max-tokens", "100000", *flags])
+    cfg = convert_namespace_to_omegaconf(args)
+    previous = logging.root.manager.disable
+    logging.disable(logging.INFO)  # the trainer's model summary
+    try:
+        task = tasks.setup_task(cfg.task)
+        torch.manual_seed(seed)
+        model = task.build_model(cfg.model)
+        trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    finally:
+        logging.disable(previous)
+    return trainer
+
+
+def batch(dictionary: Dictionary, source_lengths, target_lengths, seed: int = 0):
+    """fairseq's collated batch of random sentences of these lengths (EOS included): the source left-padded and
+    the target right-padded, as fairseq's translation task batches them."""
+    g = torch.Generator().manual_seed(seed)
+
+    def sentence(n):
+        return torch.cat([torch.randint(dictionary.nspecial, len(dictionary), (n - 1,), generator=g),
+                          torch.tensor([dictionary.eos()])])
+
+    src, tgt = [sentence(n) for n in source_lengths], [sentence(n) for n in target_lengths]
+    dataset = LanguagePairDataset(src, [len(s) for s in src], dictionary, tgt, [len(t) for t in tgt], dictionary)
+    return dataset.collater([dataset[i] for i in range(len(src))])
