@@ -46,6 +46,8 @@ SHELL_FENCES = {"bash", "sh", "shell", "console"}
 #: where that says what it is) -> why
 FOREIGN = {
     "pip": "installs packages",
+    "python -m pip": "installs packages",
+    "rsync": "copies files",
     "hf": "Hugging Face's download tool",
     "python -c": "inline Python",
     "git": "version control",
