@@ -16,7 +16,8 @@ is the plugin's model of the same size (``transformer_pe_wmt_en_de`` / ``transfo
   floater`` at the embedding layer only);
 * the extrapolation encodings since 2021, the quickstart's other named systems: ``kerple-log``,
   ``kerple-power``, ``xpos``, ``sandwich``, ``fire``, and randomised positions with the sinusoidal
-  APE and with RoPE (``ape-sinusoidal-random``, ``rope-random``; L = ``max(--lengths)`` + 8 here).
+  APE and with RoPE (``ape-sinusoidal-random``, ``rope-random``; L = ``max(--lengths)`` + 8 here), and with
+  Sandwich and FIRE (``sandwich-random``, ``fire-random``: their bias per row).
 
 ``--systems`` picks a subset; ``stock`` is always measured, first in every round, and every ratio
 is to the ``stock`` figure of the same run.
@@ -55,7 +56,9 @@ Metrics, per system:
   mapped and unmapped, so the resident size follows the live tensors); measured in round 1.
   For ``stock`` this builds fairseq's ``fairseq.models.transformer.TransformerModel`` from the stock
   architecture and flags, without importing ``fairseq_pe``; the plugin systems build
-  ``TransformerPEModel``; both with ``--max-source-positions T+8``.
+  ``TransformerPEModel``; both with ``--max-source-positions T+8``.  ``--encoder-batch left-padded`` measures
+  a batch of that sentence and one of T/2 tokens padded on the left, as fairseq batches a source (FIRE's
+  normaliser then takes its per-row path); ``--encoder-only`` measures nothing else.
 
 Targets (``TARGETS`` below: the issue's table, ratios to stock on CPU) are checked for the
 training time, the generation time and the encoder memory at T = 2048, each judged on the ratio
@@ -129,6 +132,8 @@ def _systems():
     for name, flags in NAMED_SYSTEMS.items():  # the extrapolation encodings since 2021
         if name not in systems and name not in NOT_MEASURED:
             systems[name] = list(flags)
+    for name in ("sandwich", "fire"):  # their bias per row (randomised positions: a distance table, a per-row pass)
+        systems[f"{name}-random"] = systems[name] + ["--pe-random-positions", "256"]
     return systems
 
 
@@ -214,8 +219,8 @@ finally:
 # prints the peak extra resident memory (KiB)
 ENCODER_CHILD = r"""
 import argparse, sys
-kind, repo, arch, length, threads, vocab = sys.argv[1:7]
-length, threads, vocab, flags = int(length), int(threads), int(vocab), sys.argv[7:]
+kind, repo, arch, length, threads, vocab, batch = sys.argv[1:8]
+length, threads, vocab, flags = int(length), int(threads), int(vocab), sys.argv[8:]
 import torch
 from types import SimpleNamespace
 from fairseq.data import Dictionary
@@ -237,16 +242,20 @@ for i in range(vocab):
 d.pad_to_multiple_(8)
 torch.manual_seed(0)
 model = Model.build_model(args, SimpleNamespace(source_dictionary=d, target_dictionary=d)).train()
-tokens = torch.randint(d.nspecial, len(d), (1, length))
+tokens = torch.randint(d.nspecial, len(d), (1 if batch == "one" else 2, length))
+lengths = torch.tensor([length] * tokens.size(0))
+if batch == "left-padded":  # a second sentence of half the length, padded on the left as fairseq batches a source
+    tokens[1, :length - length // 2] = d.pad()
+    lengths[1] = length // 2
 def rss_kb(field):
     for line in open("/proc/self/status"):
         if line.startswith(field):
             return int(line.split()[1])
-model.encoder(tokens, torch.tensor([length]))  # warm-up (lazy caches)
+model.encoder(tokens, lengths)  # warm-up (lazy caches)
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # reset the peak (VmHWM) to the current resident size
 base = rss_kb("VmRSS:")
-out = model.encoder(tokens, torch.tensor([length]))["encoder_out"][0]
+out = model.encoder(tokens, lengths)["encoder_out"][0]
 assert out.requires_grad and out.shape[0] == length
 print("PEAK_EXTRA_KB", rss_kb("VmHWM:") - base, flush=True)
 print("PARAMS", sum(p.numel() for p in model.parameters()), flush=True)
@@ -407,7 +416,7 @@ def commands(args, name, data, save):
     # the encoder child: (stock|plugin) ARCH T THREADS VOCAB FLAGS
     encoder_model = [*(args.stock_flags_list if name == STOCK else system_flags(args, name)), *MODEL_FLAGS]
     encoder = ["stock" if name == STOCK else "plugin", REPO, args.stock_arch if name == STOCK else args.arch,
-               "T", str(args.threads), str(args.vocab), *encoder_model]
+               "T", str(args.threads), str(args.vocab), args.encoder_batch, *encoder_model]
     return {"train": train, "generate": generate, "encoder": encoder}
 
 
@@ -549,9 +558,11 @@ def report(args, results):
     table = "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
                       + ["| " + " | ".join(row) + " |" for row in rows])
     base = results[STOCK]
+    trained = "" if base["train_s"] is None else (
+        f"train {base['train_s']:.1f} s, peak {base['train_peak_kb'] / 1024:.0f} MiB; "
+        f"generation {base['generate_s']:.2f} s; ")
     absolute = (f"{STOCK} ({args.stock_arch}{' ' + ' '.join(args.stock_flags_list) if args.stock_flags_list else ''}): "
-                f"train {base['train_s']:.1f} s, peak {base['train_peak_kb'] / 1024:.0f} MiB; "
-                f"generation {base['generate_s']:.2f} s; encoder forward extra memory "
+                f"{trained}encoder forward extra memory "
                 + ", ".join(f"T={t}: " + ("failed" if base["encoder_forward_extra_kb"][str(t)] is None else
                                           f"{base['encoder_forward_extra_kb'][str(t)] / 1024:.1f} MiB")
                             for t in args.lengths))
@@ -654,6 +665,11 @@ def parse_args(argv):
                    help="sentence lengths of the encoder memory measurement")
     p.add_argument("--threads", type=int, default=2, help="CPU threads of every measurement")
     p.add_argument("--repeats", type=int, default=3, help="timing rounds; the fastest counts")
+    p.add_argument("--encoder-batch", choices=["one", "left-padded"], default="one",
+                   help="the encoder memory's batch: one sentence of T tokens (default), or it and one of T/2 tokens "
+                        "padded on the left, as fairseq batches a source (the per-row path of FIRE's normaliser)")
+    p.add_argument("--encoder-only", action="store_true",
+                   help="measure the encoder forward memory only (no training, no generation)")
     args = p.parse_args(argv)
     for flag in ("updates", "max_tokens", "vocab", "sentences", "gen_sentences", "gen_len", "threads", "repeats"):
         if getattr(args, flag) < 1:
@@ -701,9 +717,11 @@ def benchmark(argv):
     data = make_data(work, args.sentences, args.gen_sentences, args.vocab)
     cmds = {name: commands(args, name, data, os.path.join(work, "ckpt", name)) for name in systems}
     plan = []
-    for round_ in range(args.repeats):
+    rounds = 1 if args.encoder_only else args.repeats
+    for round_ in range(rounds):
         for name in systems:
-            plan += [(name, "train"), (name, "generate")]
+            if not args.encoder_only:
+                plan += [(name, "train"), (name, "generate")]
             if round_ == 0:
                 plan += [(name, f"encoder T={t}") for t in args.lengths]
     progress = Progress(plan)
@@ -717,28 +735,32 @@ def benchmark(argv):
             "the times will be unreliable")
     results = {name: {"flags": " ".join(args.stock_flags_list if name == STOCK else system_flags(args, name)), "commands": cmds[name],
                       "sizes": stock_sizes if name == STOCK else plugin_sizes, "rounds": []} for name in systems}
-    for round_ in range(1, args.repeats + 1):
+    for round_ in range(1, rounds + 1):
         # every round measures all systems again, stock first; a time is the fastest round, which
         # discounts slowdowns of the machine (the first round also measures the encoder memory)
         for name in systems:
-            label = f"{round_}/{args.repeats}"
+            label = f"{round_}/{rounds}"
             log(f"round {label}, {name}: {results[name]['flags'] or args.stock_arch}")
             r = results[name]
-            r["rounds"].append(train_and_generate(args, name, cmds[name], env, progress, label))
+            if not args.encoder_only:
+                r["rounds"].append(train_and_generate(args, name, cmds[name], env, progress, label))
             if round_ == 1:
                 r["encoder_forward_extra_kb"], r["encoder_errors"], r["params"] = encoder_memory(
                     args, name, cmds[name], env, progress, label)
             for key in ("train_s", "generate_s", "train_peak_kb", "generate_peak_kb"):
-                r[key] = min(x[key] for x in r["rounds"])
+                r[key] = min(x[key] for x in r["rounds"]) if r["rounds"] else None
     machine["load_after"] = machine_load()
     compute_ratios(results, args.lengths)
     table, absolute, targets = report(args, results)
     line, totals = summary(results)
+    timed = "" if args.encoder_only else (
+        f"training: {args.updates} updates of --max-tokens {args.max_tokens}; generation: beam 4, "
+        f"{args.gen_sentences} sentences × {args.gen_len} tokens; fastest of {args.repeats} rounds; ")
     settings = (f"Stock fairseq `{args.stock_arch}`{' ' + args.stock_flags if args.stock_flags else ''} vs the "
                 f"plugin's `{args.arch}`: shared {args.vocab}-word vocabulary (--share-all-embeddings), dropout 0; "
-                f"CPU, {args.threads} threads; training: {args.updates} updates of --max-tokens {args.max_tokens}; "
-                f"generation: beam 4, {args.gen_sentences} sentences × {args.gen_len} tokens; fastest of "
-                f"{args.repeats} rounds; encoder forward: one sentence, train mode, autograd on. Ratios to stock "
+                f"CPU, {args.threads} threads; {timed}encoder forward: "
+                f"{'one sentence' if args.encoder_batch == 'one' else 'T and T/2 tokens, padded on the left'}, "
+                "train mode, autograd on. Ratios to stock "
                 f"(✓/✗: the target of the system's group, below).")
     text = (f"# Position encodings vs stock fairseq\n\n{settings}\n\n{table}\n\n{absolute}\n\n{line}\n\n"
             f"Targets (ratios to stock, CPU, at most):\n\n{targets}\n")

@@ -225,3 +225,12 @@ def largest_tensor_created(fn):
     with Largest():
         result = fn()
     return result, Largest.numel
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (for torchrun's rendezvous: tests may run side by side)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -23,21 +23,13 @@ from fairseq import checkpoint_utils
 
 from fairseq_pe.errors import UserError
 
-from helpers import PLUGIN, cli, synthetic_data_bin, training_config
+from helpers import PLUGIN, cli, free_port, synthetic_data_bin, training_config
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return synthetic_data_bin(tmp_path_factory.mktemp("ddp"), train_size=240, valid_size=10, test_buckets=[(1, 8)],
                               test_per_bucket=2, seed=3)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train_two_processes(data, save, *flags, updates=5):

@@ -7,8 +7,8 @@ source padded on the left and the target on the right, as fairseq batches them. 
 skipped for an overflow, the loss scale never lowered), every loss be finite and within a stated tolerance of the
 same training in float32 (the same initial weights, batches and seeds).
 
-Lengths: real sentences up to 1,100 tokens where the encoding allows them (a learned table holds 1,024 positions),
-and, for the encodings that take positions, positions up to 8,191 through ``--pe-random-positions 8192`` (shorter
+Lengths: real sentences up to 1,100 tokens where the encoding allows them (a learned table holds 1,024 positions;
+FLOATER's bounded positions are checked up to 300, its ODE solve costs time with every position), and, for the encodings that take positions, positions up to 8,191 through ``--pe-random-positions 8192`` (shorter
 sentences whose positions are drawn from [0, 8192): every distance, angle, scale and bias of an 8,192-token sentence
 can occur).  A literal 8,192-token batch costs about 20 s per update and precision on this CPU (measured: ALiBi,
 1+1 layers, 16 dimensions, fp16), which the suite cannot afford for every encoding; what depends on the length is
@@ -68,6 +68,8 @@ def lengths(name, limit):
     padded partners, and a batch of short ones."""
     if name.endswith("-random"):
         long_source, long_target = 300, 200  # positions up to 8,191 all the same
+    elif name.startswith("floater"):
+        long_source, long_target = 300, 200  # bounded positions (h = B·tanh(h̃/B)); its solve grows with the length
     else:
         long_source, long_target = min(1100, limit), min(400, limit)
     return [([long_source, 41, 6], [long_target, 23, 5]), ([57, 12], [49, 30]), ([9, 3, 5, 8], [7, 11, 2, 6])]

@@ -45,6 +45,12 @@ from fairseq.modules import MultiheadAttention
 #: logits per block of the blockwise path (B·H·rows·S): 4M floats, 16 MiB in float32
 BLOCK_ELEMENTS = 1 << 22
 
+#: when set, called as ``observer(attention, path, **details)`` by every call of a :class:`PositionAttention`, with
+#: the path it takes ("fused", "blockwise", "explicit", or "fairseq": fairseq's own Python implementation) and, on
+#: the fused path, what it hands to torch's kernel (q, k, v, attn_mask, dropout_p, is_causal); see
+#: :mod:`fairseq_pe.models.attention_probe`
+observer = None
+
 
 def saturated(bias: Tensor, masking: Optional[Tensor], dtype) -> Tensor:
     """A float32 position bias made safe for ``dtype``'s logits (float32; the caller adds ``masking`` and casts).
@@ -149,6 +155,8 @@ class PositionAttention(MultiheadAttention):
         explicit = need_weights or need_head_weights or before_softmax or incremental_state is not None
         if self.relative is None and (explicit or self.bias_k is not None or self.add_zero_attn
                                       or self.onnx_trace or key is None):
+            if observer is not None:
+                observer(self, "fairseq")
             return super().forward(query, key, value, key_padding_mask, incremental_state, need_weights,
                                    static_kv, attn_mask, before_softmax, need_head_weights)
         tgt_len, bsz, embed_dim = query.size()
@@ -191,6 +199,8 @@ class PositionAttention(MultiheadAttention):
 
         src_len = k.size(2)
         q = q * self.scaling
+        if observer is not None:
+            observer(self, "explicit" if explicit else "blockwise")
         if explicit:
             out, probs, logits = self._explicit(q, k, v, attn_mask, key_padding_mask, query_offset, 0, tgt_len,
                                                 need_probs=True, before_softmax=before_softmax)
@@ -235,6 +245,8 @@ class PositionAttention(MultiheadAttention):
             mask = mask()
         dropout = self.dropout_module
         p = dropout.p if (self.training or dropout.apply_during_inference) else 0.0
+        if observer is not None:
+            observer(self, "fused", q=q, k=k, v=v, attn_mask=mask, dropout_p=p, is_causal=False)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=self.scaling)
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
         return self.out_proj(out if out_dtype is None else out.to(out_dtype))
