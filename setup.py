@@ -28,8 +28,9 @@ setup(
     extras_require={
         # fairseq-pe-analyze on Hugging Face model folders (their config and position table)
         "hf": ["transformers>=4.30"],
-        # with transformers, so that the tests of Hugging Face folders run (CI installs .[test])
-        "test": ["pytest>=7", "transformers>=4.30"],
+        # with transformers, so that the tests of Hugging Face folders run (CI installs .[test]), and pytest-xdist
+        # (scripts/run_tests.sh runs the suite in one process per core)
+        "test": ["pytest>=7", "pytest-xdist>=3", "transformers>=4.30"],
     },
     entry_points={
         "console_scripts": [

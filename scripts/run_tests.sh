@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install fairseq-pe with its test dependencies, then run the test-suite (CPU only).
-# Extra arguments go to pytest, e.g. `bash scripts/run_tests.sh -m shared_data` or `-k glue`.
+# Extra arguments go to pytest, e.g. `bash scripts/run_tests.sh -m shared_data` or `-k glue` (or `-n 0`).
 # The interpreter: as scripts/install.sh chooses it (PYTHON, or the project's .venv/ outside any
 # virtual or conda environment).
 set -euo pipefail
@@ -8,4 +8,5 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 PY=$("${PYTHON:-python3}" scripts/python_env.py 2>/dev/null)
 export PATH="$(dirname "$PY"):$PATH"  # its console scripts (fairseq-train, fairseq-pe-*), as if activated
-exec "$PY" -m pytest -q -p no:cacheprovider tests "$@"
+# one worker process per core (pytest-xdist; `-n 0` runs everything in this process)
+exec "$PY" -m pytest -q -p no:cacheprovider -n auto tests "$@"

@@ -7,6 +7,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def pytest_configure(config):
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:  # pytest-xdist (scripts/run_tests.sh): the cores shared by the workers, not each all of them
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
     config.addinivalue_line(
         "markers",
         "shared_data: reads ../shared/data (the real-data folder next to the checkout) through "

@@ -114,3 +114,23 @@ def test_analysis_benchmark_script_smoke(tmp_path):
     assert "| ape-sinusoidal |" in lines[4] and lines[4].endswith("| 1.00× |") and lines[5].startswith("| floater |")
     # the analysed checkpoints' reports are there, with the options passed on
     assert json.loads((out / "analysis" / "floater" / "scores.json").read_text())["length"] == 16
+
+
+def test_benchmark_script_encoder_memory_only_with_a_left_padded_batch(tmp_path):
+    """--encoder-only measures the encoder forward memory alone; --encoder-batch left-padded adds a half-length
+    sentence padded on the left (FIRE's per-row path under randomised positions)."""
+    out = tmp_path / "bench"
+    cmd = [sys.executable, BENCHMARK, "--out", str(out), "--size", "tiny", "--systems", "fire-random",
+           "--encoder-only", "--encoder-batch", "left-padded", "--vocab", "50", "--lengths", "64", "--threads", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads((out / "benchmark.json").read_text())
+    res = data["results"]
+    assert list(res) == ["stock", "fire-random"] and data["settings"]["encoder_batch"] == "left-padded"
+    assert res["fire-random"]["flags"] == "--pe-absolute none --pe-relative fire --pe-random-positions 72"
+    for r in res.values():
+        assert r["rounds"] == [] and r["train_s"] is None and r["encoder_forward_extra_kb"]["64"] > 0
+        assert "left-padded" in r["commands"]["encoder"]
+    md = (out / "benchmark.md").read_text()
+    assert cells(md, "fire-random")[1:4] == ["n/a", "n/a", "n/a"] and cells(md, "fire-random")[4].endswith("×")
+    assert "T and T/2 tokens, padded on the left" in md and "training:" not in md

@@ -185,8 +185,12 @@ def test_a_query_with_every_key_masked_gives_zeros_not_nan(name):
     prev[1, :3] = d.pad()
     for train in (True, False):
         model.train(train)
+        model.zero_grad()
         out, _ = model(src, torch.tensor([6, 6]), prev)
         assert torch.isfinite(out).all(), train
+        if train:
+            out.float().sum().backward()
+            assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     model.eval()
     with torch.no_grad():
         enc = model.encoder(src, torch.tensor([6, 6]))

@@ -52,7 +52,7 @@ BLOCK_ELEMENTS = 1 << 22
 observer = None
 
 
-def saturated(bias: Tensor, masking: Optional[Tensor], dtype) -> Tensor:
+def saturated(bias: Tensor, masking: Optional[Tensor], dtype, shift: bool = True) -> Tensor:
     """A float32 position bias made safe for ``dtype``'s logits (float32; the caller adds ``masking`` and casts).
 
     A bias can exceed fp16's range (KERPLE-power's −r₁·|i−j|^r₂ passes −65504 at a few hundred tokens; ALiBi,
@@ -63,8 +63,11 @@ def saturated(bias: Tensor, masking: Optional[Tensor], dtype) -> Tensor:
     weights are unchanged), and clamped from below at −max/2 of ``dtype`` (fp16: −32752): exp of an entry that far
     below the row's maximum is 0 in any precision, as exp(−inf) is, so the result is unchanged to rounding, and
     the margin keeps q·k + bias finite.  The masks themselves stay −inf, as fairseq's: a query always has a visible
-    key (its own, or the first one), so no row is all −inf."""
+    key (its own, or the first one), so no row is all −inf.  Without ``shift`` (the logits themselves are asked
+    for: ``before_softmax``) the bias is only clamped."""
     limit = torch.finfo(dtype).max / 2
+    if not shift:
+        return bias.clamp(min=-limit)
     visible = bias if masking is None else bias + masking
     top = visible.detach().amax(dim=-1, keepdim=True)
     del visible
@@ -73,7 +76,7 @@ def saturated(bias: Tensor, masking: Optional[Tensor], dtype) -> Tensor:
 
 
 def merged_mask(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], bias: Optional[Tensor],
-                bsz: int, tgt_len: int, src_len: int, dtype) -> Optional[Tensor]:
+                bsz: int, tgt_len: int, src_len: int, dtype, shift: bool = True) -> Optional[Tensor]:
     """One additive mask of ``dtype`` for the logits, broadcastable to (B, H, T, S): fairseq's ``attn_mask``
     (T, S), the padding (B, S, True at padding) and a position bias (H, T, S), or (B, H, T, S) for a bias per
     row (:func:`saturated`), summed in float32.  Each keeps its own size ((1, 1, T, S), (B, 1, 1, S),
@@ -89,18 +92,20 @@ def merged_mask(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
     if bias is not None:
         bias = bias.float()
         bias = bias.unsqueeze(0) if bias.dim() == 3 else bias  # (B, H, T, S): a bias per row (FIRE's offsets)
-        bias = saturated(bias, masking, dtype)
+        bias = saturated(bias, masking, dtype, shift)
         mask = bias if masking is None else bias + masking
     return None if mask is None else mask.to(dtype)
 
 
 def safe_softmax(logits: Tensor) -> Tensor:
-    """float32 softmax over the last dimension, 0 for a row whose entries are all −inf (as torch's fused
-    attention kernels give on CPU) where fairseq's softmax gives NaN."""
+    """float32 softmax over the last dimension, 0 (and a zero gradient) for a row whose entries are all −inf, as
+    torch's fused attention kernels give on CPU, where fairseq's softmax gives NaN."""
     if hasattr(torch.ops.aten, "_safe_softmax"):  # torch >= 2.5: SDPA's own
+        if logits.requires_grad:  # its backward takes float32 input only
+            return torch.ops.aten._safe_softmax(logits.float(), -1)
         return torch.ops.aten._safe_softmax(logits, -1, torch.float32)
-    probs = F.softmax(logits, dim=-1, dtype=torch.float32)
-    return probs.masked_fill(torch.isnan(probs), 0.0)
+    rows = logits.amax(dim=-1, keepdim=True).isneginf()
+    return F.softmax(logits.masked_fill(rows, 0.0), dim=-1, dtype=torch.float32).masked_fill(rows, 0.0)
 
 
 class PositionAttention(MultiheadAttention):
@@ -274,7 +279,7 @@ class PositionAttention(MultiheadAttention):
             del term
         bias = relative.position_bias(end - start, src_len, offset, self.block)
         mask = merged_mask(None if attn_mask is None else attn_mask[start:end], key_padding_mask, bias, bsz, rows,
-                           src_len, logits.dtype)
+                           src_len, logits.dtype, shift=not before_softmax)
         if mask is not None:
             logits.add_(mask)
             del mask
