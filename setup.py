@@ -47,6 +47,7 @@ setup(
             "fairseq-pe-prepare-glue = fairseq_pe.data_prep.glue:main",
             "fairseq-pe-glue-eval = fairseq_pe.bert.glue:main",
             "fairseq-pe-analyze = fairseq_pe.analysis.cli:main",
+            "fairseq-pe-average-checkpoints = fairseq_pe.average_checkpoints:main",
         ],
     },
 )

@@ -7,8 +7,9 @@ so ``fairseq-train`` / ``fairseq-generate`` users never see them:
    ``argparse.Namespace``, omegaconf configs and meters, so ``fairseq-generate`` and
    ``--restore-file`` fail with ``Unsupported global: argparse.Namespace``.  fairseq's
    checkpoint loader is wrapped so that *it* loads with ``weights_only=False`` (checkpoints
-   are trusted files you trained or downloaded yourself); every other ``torch.load`` keeps
-   torch's default.
+   are trusted files you trained or downloaded yourself), and so is the loader of ``--ema-seed-model``;
+   every other ``torch.load`` keeps torch's default (``fairseq-pe-average-checkpoints`` replaces fairseq's
+   averaging script, which pip does not install and which meets the same trap).
 2. ``fairseq.data.data_utils.batch_by_size`` drops the whole last batch when its size is
    not a multiple of ``--required-batch-size-multiple`` (default 8): test sentences vanish
    from ``fairseq-generate`` and validation.  It is wrapped to append the dropped sentences
@@ -114,6 +115,19 @@ def _batch_by_size_keeping_every_sentence(batch_by_size):
     return wrapper
 
 
+def _ema_seed_trusted(load_ema_from_checkpoint):
+    """``--ema-seed-model``: fairseq's EMA loads the seed checkpoint with a plain ``torch.load`` (fix 1)."""
+    @functools.wraps(load_ema_from_checkpoint)
+    def wrapper(path, *args, **kwargs):
+        if _is_local(path) and not os.path.exists(path):
+            raise UserError(f"--ema-seed-model {path}: no such checkpoint file")
+        with trusted_torch_load():
+            return load_ema_from_checkpoint(path, *args, **kwargs)
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
 def _model_files_checked(load_model_ensemble_and_task):
     @functools.wraps(load_model_ensemble_and_task)
     def wrapper(filenames, *args, **kwargs):
@@ -127,17 +141,47 @@ def _model_files_checked(load_model_ensemble_and_task):
     return wrapper
 
 
+def _binding_limit(max_positions):
+    """``(limit, why)`` of the smallest of fairseq's ``max_positions`` (an int, a tuple of ints, or a dict of them)
+    when it is the model's and names the option that sets it (a
+    :class:`~fairseq_pe.positional.injector.PositionLimit`); else None (the task's limit binds)."""
+    values = max_positions.values() if isinstance(max_positions, dict) else (
+        max_positions if isinstance(max_positions, (tuple, list)) else [max_positions])
+    flat = []
+    for value in values:
+        flat.extend(value if isinstance(value, (tuple, list)) else [value])
+    flat = [v for v in flat if v is not None]
+    named = [v for v in flat if getattr(v, "why", None) is not None]
+    if not named:
+        return None
+    smallest = min(named)
+    return (int(smallest), smallest.why) if all(smallest <= v for v in flat) else None
+
+
 def _size_errors_named(filter_indices_by_size):
+    """fairseq refuses a sentence longer than the model or the task allows (``fairseq-generate``), or skips it with
+    one line (training): the refusal names the option that sets the limit; a training that skips pairs because of
+    the plugin's option (a learned table's length, ``--pe-random-positions``) says how many, once."""
     @functools.wraps(filter_indices_by_size)
     def wrapper(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
+        limit = _binding_limit(max_positions)
         try:
-            return filter_indices_by_size(self, indices, dataset, max_positions, ignore_invalid_inputs)
+            kept = filter_indices_by_size(self, indices, dataset, max_positions, ignore_invalid_inputs)
         except Exception as e:  # fairseq raises a bare Exception here
             if type(e) is not Exception or not str(e).startswith("Size of sample"):
                 raise
+            if limit:
+                raise UserError(f"{e}. The model's limit, {limit[0]}, is {limit[1]}") from e
             raise UserError(f"{e}. The limit is the smaller of the task's --max-source-positions/"
-                            "--max-target-positions and the model's (a learned position table's length, fixed at "
-                            "training time); raise the task's limits, or use an encoding without a length limit") from e
+                            "--max-target-positions and the model's; raise the task's limits") from e
+        dropped = len(indices) - len(kept)
+        if dropped and limit:
+            import logging
+
+            logging.getLogger("fairseq_pe").warning(
+                f"{dropped:,} of {len(indices):,} examples are longer than the model's limit, {limit[0]} tokens, and "
+                f"are skipped: the limit is {limit[1]}")
+        return kept
 
     wrapper._fairseq_pe_patched = True
     return wrapper
@@ -334,6 +378,7 @@ def apply():
     _patch(FairseqTask, "filter_indices_by_size", _size_errors_named)
     _patch(checkpoint_utils, "load_model_ensemble_and_task", _model_files_checked)
     _patch(checkpoint_utils, "load_checkpoint_to_cpu", _load_checkpoint_trusted)
+    _patch(checkpoint_utils, "load_ema_from_checkpoint", _ema_seed_trusted)
     _patch(data_utils, "batch_by_size", _batch_by_size_keeping_every_sentence)
     _patch(options, "parse_args_and_arch", _bf16_without_tpu)
     _patch(LegacyDistributedDataParallel, "all_reduce_grads", _reduced_per_dtype)

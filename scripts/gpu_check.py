@@ -57,7 +57,7 @@ REPO = os.path.dirname(HERE)
 PLUGIN = os.path.join(REPO, "fairseq_pe")
 sys.path.insert(0, REPO)
 
-from fairseq_pe.errors import UserError, cli  # noqa: E402
+from fairseq_pe.errors import cli  # noqa: E402
 from fairseq_pe.outputs import check_new_files, write_json  # noqa: E402
 from fairseq_pe.translation.quickstart import NAMED_SYSTEMS  # noqa: E402
 

@@ -46,11 +46,14 @@ def dictionary(vocab: int = 20) -> Dictionary:
     return d
 
 
-def build_model(*flags: str, arch: str = "transformer_pe_tiny", vocab: int = 20, seed: int = 0):
-    """A ``transformer_pe`` model built through its real ``add_args``/architecture path, in eval mode."""
+def build_model(*flags: str, arch: str = "transformer_pe_tiny", vocab: int = 20, seed: int = 0, overrides=None):
+    """A ``transformer_pe`` model built through its real ``add_args``/architecture path, in eval mode;
+    ``overrides``: options set after parsing, as ``--model-overrides`` sets them."""
     parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)  # as fairseq does
     TransformerPEModel.add_args(parser)
     args = parser.parse_args(list(flags))
+    for name, value in (overrides or {}).items():
+        setattr(args, name, value)
     ARCH_CONFIG_REGISTRY[arch](args)
     d = dictionary(vocab)
     torch.manual_seed(seed)
@@ -234,3 +237,29 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+NONE = ["--pe-absolute", "none"]
+#: every encoding, by a name of the test-suite: its model flags
+ALL_ENCODINGS = {
+    "none": NONE,
+    "ape-learned": ["--pe-absolute", "learned"],
+    "ape-sinusoidal": ["--pe-absolute", "sinusoidal"],
+    "ape-learnable-sinusoidal": ["--pe-absolute", "learnable-sinusoidal", "--pe-all-blocks"],
+    "rpe-learned": NONE + ["--pe-relative", "learned", "--pe-relative-max-distance", "16"],
+    "rpe-sinusoidal": NONE + ["--pe-relative", "sinusoidal", "--pe-relative-max-distance", "16"],
+    "rpe-learnable-sinusoidal": NONE + ["--pe-relative", "learnable-sinusoidal"],
+    "rope": NONE + ["--pe-relative", "rope"],
+    "xpos": NONE + ["--pe-relative", "xpos"],
+    "alibi": NONE + ["--pe-relative", "alibi"],
+    "t5": NONE + ["--pe-relative", "t5"],
+    "kerple-log": NONE + ["--pe-relative", "kerple-log"],
+    "kerple-power": NONE + ["--pe-relative", "kerple-power"],
+    "sandwich": NONE + ["--pe-relative", "sandwich"],
+    "fire": NONE + ["--pe-relative", "fire"],
+    "floater": ["--pe-absolute", "floater"],
+    "floater-all-blocks": ["--pe-absolute", "floater", "--pe-all-blocks"],
+    "floater-bias": ["--pe-absolute", "sinusoidal", "--pe-floater-bias"],
+}
+#: the encodings that take randomised positions (--pe-random-positions: not FLOATER, and not the none control)
+RANDOMISABLE = ["ape-sinusoidal", "rope", "xpos", "alibi", "t5", "kerple-power", "sandwich", "fire", "rpe-learned"]

@@ -12,7 +12,7 @@ import pytest
 #: tools whose --help and argument errors must not import fairseq or torch
 LIGHT = ["fairseq-pe-quickstart", "fairseq-pe-s2l-split", "fairseq-pe-bucket-bleu", "fairseq-pe-bucket-loss",
          "fairseq-pe-prepare-wmt14", "fairseq-pe-prepare-mono", "fairseq-pe-prepare-glue",
-         "fairseq-pe-prepare-squad", "fairseq-pe-glue-eval", "fairseq-pe-squad-predict"]
+         "fairseq-pe-prepare-squad", "fairseq-pe-glue-eval", "fairseq-pe-squad-predict", "fairseq-pe-average-checkpoints"]
 HEAVY = ("fairseq", "torch")
 
 PROBE = """

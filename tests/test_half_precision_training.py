@@ -21,39 +21,11 @@ import math
 import pytest
 import torch
 
-from helpers import PRECISION_FLAGS
+from helpers import ALL_ENCODINGS, PRECISION_FLAGS, RANDOMISABLE
 from training import TINY, batch, build_trainer, dictionary_dir
 
-NONE = ["--pe-absolute", "none"]
-ENCODINGS = {
-    "none": NONE,
-    "ape-learned": ["--pe-absolute", "learned"],
-    "ape-sinusoidal": ["--pe-absolute", "sinusoidal"],
-    "ape-learnable-sinusoidal": ["--pe-absolute", "learnable-sinusoidal", "--pe-all-blocks"],
-    "rpe-learned": NONE + ["--pe-relative", "learned", "--pe-relative-max-distance", "16"],
-    "rpe-sinusoidal": NONE + ["--pe-relative", "sinusoidal", "--pe-relative-max-distance", "16"],
-    "rpe-learnable-sinusoidal": NONE + ["--pe-relative", "learnable-sinusoidal"],
-    "rope": NONE + ["--pe-relative", "rope"],
-    "xpos": NONE + ["--pe-relative", "xpos"],
-    "alibi": NONE + ["--pe-relative", "alibi"],
-    "t5": NONE + ["--pe-relative", "t5"],
-    "kerple-log": NONE + ["--pe-relative", "kerple-log"],
-    "kerple-power": NONE + ["--pe-relative", "kerple-power"],
-    "sandwich": NONE + ["--pe-relative", "sandwich"],
-    "fire": NONE + ["--pe-relative", "fire"],
-    "floater": ["--pe-absolute", "floater"],
-    "floater-all-blocks": ["--pe-absolute", "floater", "--pe-all-blocks"],
-    "floater-bias": ["--pe-absolute", "sinusoidal", "--pe-floater-bias"],
-    "ape-sinusoidal-random": ["--pe-absolute", "sinusoidal", "--pe-random-positions", "8192"],
-    "rope-random": NONE + ["--pe-relative", "rope", "--pe-random-positions", "8192"],
-    "xpos-random": NONE + ["--pe-relative", "xpos", "--pe-random-positions", "8192"],
-    "alibi-random": NONE + ["--pe-relative", "alibi", "--pe-random-positions", "8192"],
-    "t5-random": NONE + ["--pe-relative", "t5", "--pe-random-positions", "8192"],
-    "kerple-power-random": NONE + ["--pe-relative", "kerple-power", "--pe-random-positions", "8192"],
-    "sandwich-random": NONE + ["--pe-relative", "sandwich", "--pe-random-positions", "8192"],
-    "fire-random": NONE + ["--pe-relative", "fire", "--pe-random-positions", "8192"],
-    "rpe-learned-random": NONE + ["--pe-relative", "learned", "--pe-random-positions", "8192"],
-}
+ENCODINGS = {**ALL_ENCODINGS, **{f"{name}-random": flags + ["--pe-random-positions", "8192"]
+                                for name, flags in ALL_ENCODINGS.items() if name in RANDOMISABLE}}
 HALF = ["fp16", "bf16", "memory-efficient-fp16"]
 #: |loss − float32's loss| / float32's loss, per update (bf16 keeps 8 bits of mantissa, fp16 11)
 TOLERANCE = {"fp16": 0.01, "memory-efficient-fp16": 0.01, "bf16": 0.03}

@@ -117,8 +117,10 @@ def test_bad_uses_are_refused_naming_the_flag():
         build_model("--pe-absolute", "none", "--pe-random-positions", "64")
     with pytest.raises(UserError, match="--pe-random-positions 300 .* set --max-source-positions 300"):
         build_model("--pe-absolute", "learned", "--max-source-positions", "256", "--pe-random-positions", "300")
-    with pytest.raises(UserError, match="at least 1"):
-        build_model("--pe-random-positions", "0")
+    for value in ("0", str(1 << 40)):  # 2^40 passed the check, then allocated batch × L at the first step
+        with pytest.raises(UserError, match=r"--pe-random-positions must be from 1 .* to 16,777,216 \(2\^24: past it "
+                                            r"float32.*got (0|1,099,511,627,776)"):
+            build_model("--pe-random-positions", value)
 
 
 def test_evaluation_gives_each_sentence_its_own_fixed_draw():

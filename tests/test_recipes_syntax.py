@@ -124,7 +124,7 @@ def test_table2_base_en_de(tmp_path, bare_path):
         assert "--max-update 20000 " in runs[name] and "--lr-scheduler fixed" in runs[name]
         assert "--lr 0.00014 " in runs[name]  # 7e-4 · sqrt(4000 / 100000): where the pre-training ended
     # averaging (5 checkpoints for base) and decoding every system, then one score table
-    averages = [c for c in cmds if "average_checkpoints" in c]
+    averages = [c for c in cmds if c.startswith("fairseq-pe-average-checkpoints ")]
     assert len(averages) == 8 and all("--num-update-checkpoints 5 " in c for c in averages)
     gens = [c for c in cmds if c.startswith("fairseq-generate ")]
     assert len(gens) == 8
@@ -150,7 +150,7 @@ def test_table2_big(tmp_path, bare_path, pair, arch, dropout):
         assert f"--arch {arch} " in c and f"--dropout {dropout} " in c and f"--target-lang {tgt} " in c
         assert "--update-freq 1 " in c  # 8 GPUs × 4096 tokens
     assert "--max-update 300000 " in train_lines(cmds)[0] and "--lr 0.0005 " in train_lines(cmds)[0]
-    assert all("--num-update-checkpoints 10 " in c for c in cmds if "average_checkpoints" in c)
+    assert all("--num-update-checkpoints 10 " in c for c in cmds if c.startswith("fairseq-pe-average-checkpoints "))
     paper = {("en-de"): "29.2", ("en-fr"): "42.7"}[pair]
     assert paper in out
 

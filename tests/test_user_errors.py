@@ -9,6 +9,7 @@
 """
 
 import os
+import re
 import sys
 
 import pytest
@@ -17,7 +18,7 @@ import torch
 from fairseq_pe.errors import UserError
 from fairseq_pe.positional.t5_bias import t5_bucket
 
-from helpers import PLUGIN, assert_user_error, build_model, cli, synthetic_data_bin
+from helpers import PLUGIN, assert_user_error, build_model, cli, random_tokens, synthetic_data_bin
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -170,3 +171,92 @@ def test_a_real_bug_keeps_its_traceback(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "bug.py: error: --x is wrong"
+
+
+# ---- issue 31: bad values, tried ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags,message", [
+    # inf passed `not factor >= 1`: linear lost the word order, yarn gave NaN
+    (("--pe-relative", "rope", "--pe-rope-scaling", "linear", "--pe-rope-scaling-factor", "inf"),
+     "needs --pe-rope-scaling-factor S, finite and at least 1"),
+    (("--pe-relative", "rope", "--pe-rope-scaling", "yarn", "--pe-rope-scaling-factor", "nan",
+      "--pe-rope-scaling-original-length", "64"), "needs --pe-rope-scaling-factor S, finite"),
+    # inf or 1e300 left FIRE's bias no position information, then NaN gradients and a FloatingPointError
+    (("--pe-relative", "fire", "--pe-fire-threshold", "inf"), "--pe-fire-threshold must be positive and at most 1e"),
+    (("--pe-relative", "fire", "--pe-fire-threshold", "1e300"), "--pe-fire-threshold must be positive and at most"),
+    # a head dimension of 2: rotary-embedding-torch divided by zero
+    (("--pe-relative", "rope", "--encoder-attention-heads", "32", "--decoder-attention-heads", "32"),
+     r"--pe-relative rope needs an even head dimension of at least 4 .* got 2 \(64 dimensions / 32 heads\)"),
+    (("--pe-relative", "xpos", "--encoder-attention-heads", "32", "--decoder-attention-heads", "32"),
+     "--pe-relative xpos needs an even head dimension of at least 4"),
+    (("--pe-relative", "rope", "--cross-self-attention"),
+     "--cross-self-attention is not supported with --pe-relative"),
+])
+def test_values_that_cannot_work_are_refused_by_name(flags, message):
+    with pytest.raises(UserError, match=message):
+        build_model("--pe-absolute", "none", *flags)
+
+
+def test_rope_scaling_options_overridden_as_strings_or_dropped_on_a_checkpoint():
+    """--model-overrides gives what the user typed: '4' is the number 4; a stored yarn overridden with 'none' is told
+    what to override too (the factor and original length are in the checkpoint, not on the command line)."""
+    model, _ = build_model("--pe-absolute", "none", "--pe-relative", "rope",
+                           overrides={"pe_rope_scaling": "ntk", "pe_rope_scaling_factor": "4"})
+    assert model.encoder.embed_positions.relative.factor == 4.0
+    with pytest.raises(UserError, match="--pe-rope-scaling-factor: a number is needed, got 'four'"):
+        build_model("--pe-absolute", "none", "--pe-relative", "rope",
+                    overrides={"pe_rope_scaling": "ntk", "pe_rope_scaling_factor": "four"})
+    stored = {"pe_rope_scaling": "none", "pe_rope_scaling_factor": 4.0, "pe_rope_scaling_original_length": 64}
+    with pytest.raises(UserError, match=r"--pe-rope-scaling-factor and --pe-rope-scaling-original-length need "
+                                        r"--pe-rope-scaling linear, ntk or yarn.*override them together, e\.g\. "
+                                        r"--model-overrides .*'pe_rope_scaling_factor': None"):
+        build_model("--pe-absolute", "none", "--pe-relative", "rope", overrides=stored)
+
+
+def test_an_encoder_only_model_refuses_xpos():
+    """roberta_pe with xPos was silently plain RoPE (identical logits)."""
+    from types import SimpleNamespace
+
+    from fairseq_pe.models.roberta_pe import RobertaPEModel
+
+    from helpers import dictionary
+
+    parser = __import__("argparse").ArgumentParser(argument_default=__import__("argparse").SUPPRESS)
+    RobertaPEModel.add_args(parser)
+    args = parser.parse_args(["--pe-absolute", "none", "--pe-relative", "xpos"])
+    d = dictionary()
+    d.add_symbol("<mask>")
+    task = SimpleNamespace(source_dictionary=d, target_dictionary=d, max_positions=lambda: 64)
+    with pytest.raises(UserError, match="--pe-relative xpos scales causal attention only .* use --pe-relative rope"):
+        RobertaPEModel.build_model(args, task)
+
+
+def test_fire_trains_without_reading_its_parameters_back():
+    """FIRE took float(threshold_scale) in every layer: torch's "Converting a tensor with requires_grad=True to a
+    scalar" warning, and a host sync."""
+    import warnings
+
+    model, d = build_model("--pe-absolute", "none", "--pe-relative", "fire")
+    model.train()
+    src, prev = random_tokens(d, 2, 9, left_pad=(0, 2)), random_tokens(d, 2, 7, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(src, torch.tensor([9, 7]), prev)[0].float().sum().backward()
+
+
+def test_randomised_positions_name_their_flag_when_sentences_are_too_long(data_bin, tmp_path):
+    """--pe-random-positions L limits a sequence to L tokens.  Training skips longer pairs (fairseq's convention): it
+    says once how many and which flag set the limit (before: fairseq's one generic line, 2,675 of 3,000 pairs gone at
+    L = 5).  Generation refuses a longer test sentence naming the flag (before: "a learned position table" and the
+    task's limits, which do not help)."""
+    save = tmp_path / "ckpt"
+    proc = cli("fairseq-train", data_bin, "--user-dir", PLUGIN, *TRAIN, "--save-dir", str(save), "--pe-absolute",
+               "sinusoidal", "--pe-random-positions", "5", "--skip-invalid-size-inputs-valid-test")
+    warnings = [line for line in (proc.stdout + proc.stderr).splitlines() if "longer than the model's limit" in line]
+    assert len(warnings) == 1, warnings  # once (validation is off)
+    assert re.search(r"\d+ of 100 examples are longer than the model's limit, 5 tokens, and are skipped: the limit is "
+                     r"--pe-random-positions 5 \(n tokens need n distinct positions in \[0, 5\)", warnings[0])
+    proc = generate(data_bin, str(save / "checkpoint_last.pt"))
+    assert_user_error(proc, "fairseq-generate", "Size of sample", "The model's limit, 5, is --pe-random-positions 5",
+                      "train with a larger --pe-random-positions")

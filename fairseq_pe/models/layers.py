@@ -14,13 +14,65 @@ A block's position tensors are computed once per pass by the side's
 activation checkpointing they are inputs of the checkpointed call (:func:`wrap_layer`).
 """
 
+import contextlib
+import contextvars
+from typing import Dict, List, Tuple
+
 from fairseq.distributed import fsdp_wrap
+from fairseq.modules import FairseqDropout
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
+from fairseq_pe.errors import UserError
 from fairseq_pe.positional.floater_bias import install_projection_biases
 
 from .attention import PositionAttention
+
+#: side -> (the side's number of blocks, the 1-based block of each of its layers) of the model being built
+_LAYER_BLOCKS: contextvars.ContextVar = contextvars.ContextVar("fairseq_pe_layer_blocks", default=None)
+
+
+def layer_blocks(args, side: str) -> Tuple[int, List[int]]:
+    """LayerDrop pruning (``--model-overrides "{'encoder_layers_to_keep': '0,2'}"`` at generation, fairseq's
+    ``--encoder-layers-to-keep``): the side's number of blocks as trained and the block of each layer kept.
+
+    A kept layer stays the block it was: its position parameters (a learned table per block, FLOATER's initial
+    values, untied relative tables, KERPLE's r₁, r₂ ...) are its own rows of tensors that keep their trained size
+    (fairseq renumbers the ``.layers.N.`` keys only), and what depends on the block number (the sinusoids' P(n) of
+    ``--pe-all-blocks``) is unchanged, so the pruned model computes what the full one does with the other layers
+    dropped."""
+    layers = getattr(args, f"{side}_layers")
+    keep = getattr(args, f"{side}_layers_to_keep", None)
+    if not keep:
+        return layers, list(range(1, layers + 1))
+    flag = f"--{side}-layers-to-keep"
+    try:  # a string from --model-overrides ("0,2"), a list from fairseq's parser
+        kept = sorted(int(i) for i in (keep.split(",") if isinstance(keep, str) else keep))  # prune_state_dict's order
+    except (TypeError, ValueError):
+        raise UserError(f"{flag} {keep!r}: give comma-separated layer numbers, e.g. 0,2") from None
+    if len(set(kept)) < len(kept) or kept[0] < 0 or kept[-1] >= layers:
+        raise UserError(f"{flag} {keep!r}: each of the {layers} {side} layers (0 to {layers - 1}) at most once")
+    return layers, [i + 1 for i in kept]
+
+
+@contextlib.contextmanager
+def numbered_layers(args, sides=("encoder", "decoder")):
+    """While a model is built: its layers get the blocks of :func:`layer_blocks` (read by :func:`blocks_of`)."""
+    blocks: Dict[str, Tuple[int, List[int]]] = {side: layer_blocks(args, side) for side in sides}
+    token = _LAYER_BLOCKS.set(blocks)
+    try:
+        yield blocks
+    finally:
+        _LAYER_BLOCKS.reset(token)
+
+
+def blocks_of(side: str, num_layers: int) -> Tuple[int, List[int]]:
+    """(number of blocks, block of each layer) of the side being built with ``num_layers`` layers: those of
+    :func:`numbered_layers`, else 1 .. num_layers."""
+    blocks = (_LAYER_BLOCKS.get() or {}).get(side)
+    if blocks is None or len(blocks[1]) != num_layers:
+        return num_layers, list(range(1, num_layers + 1))
+    return blocks
 
 
 def wrap_layer(layer, cfg):
@@ -108,3 +160,67 @@ class PositionAwareDecoderLayer(BlockPositionMixin, TransformerDecoderLayerBase)
 
     def build_encoder_attention(self, *args, **kwargs):
         return PositionAttention.adopt(super().build_encoder_attention(*args, **kwargs))
+
+
+#: fairseq matches ``--retain-dropout-modules`` against the name each dropout module was given, its owner's class
+#: name; the plugin's subclasses answer to the names of the stock modules they extend (what users pass for stock)
+STOCK_DROPOUT_NAMES = {
+    "TransformerPEEncoder": "TransformerEncoder",
+    "RobertaSentenceEncoder": "TransformerEncoder",
+    "TransformerPEDecoder": "TransformerDecoder",
+    "PositionAwareEncoderLayer": "TransformerEncoderLayerBase",
+    "PositionAwareDecoderLayer": "TransformerDecoderLayerBase",
+}
+
+
+def use_stock_dropout_names(model):
+    """Give every dropout module of ``model`` the name stock fairseq's module in its place has."""
+    for module in model.modules():
+        if isinstance(module, FairseqDropout) and module.module_name in STOCK_DROPOUT_NAMES:
+            module.module_name = STOCK_DROPOUT_NAMES[module.module_name]
+
+
+def retained_dropout_modules(model, cfg):
+    """``--retain-dropout --retain-dropout-modules NAMES`` as a list of names, each checked against the model.
+
+    fairseq passes the option on as it was given, a string on the command line, and tests ``module_name in NAMES``:
+    a substring test, so that ``'["TransformerEncoder"]'`` works by accident and ``TransformerEncoderLayerBase``
+    also selects ``TransformerEncoder``.  Here the string is read as fairseq's documentation writes it (a list,
+    ``'["A", "B"]'``, or names separated by commas) and matched exactly; a name that no dropout module of the model
+    has would be ignored by fairseq (no dropout, no message) and is refused, with the names there are.  None: the
+    option is not given (fairseq then retains every dropout, or none without ``--retain-dropout``)."""
+    import ast
+
+    generation = getattr(cfg, "generation", None)
+    names = getattr(generation, "retain_dropout_modules", None) if getattr(generation, "retain_dropout", False) \
+        else None
+    if not names:
+        return None
+    if isinstance(names, str):
+        try:
+            parsed = ast.literal_eval(names)
+        except (ValueError, SyntaxError):
+            parsed = names.split(",")
+        names = [parsed] if isinstance(parsed, str) else list(parsed)
+    names = [str(name).strip() for name in names if str(name).strip()]
+    known = sorted({m.module_name for m in model.modules() if isinstance(m, FairseqDropout) and m.module_name})
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise UserError(f"--retain-dropout-modules: no dropout module of this model is called "
+                        f"{', '.join(map(repr, unknown))}; its dropout modules are {', '.join(known)}")
+    return names
+
+
+@contextlib.contextmanager
+def exact_retain_dropout_modules(model, cfg):
+    """Within the block, ``cfg``'s ``--retain-dropout-modules`` is the list :func:`retained_dropout_modules` reads."""
+    names = retained_dropout_modules(model, cfg)
+    if names is None:
+        yield
+        return
+    given = cfg.generation.retain_dropout_modules
+    cfg.generation.retain_dropout_modules = names
+    try:
+        yield
+    finally:
+        cfg.generation.retain_dropout_modules = given

@@ -108,6 +108,9 @@ def position_encoding_defaults(args, sinusoid_scales=TRANSFORMER_DEFAULTS, float
     floater_defaults(args, floater_bounds)
 
 
+#: the largest --pe-random-positions: every integer up to 2^24 is exact in float32
+MAX_RANDOM_POSITIONS = 1 << 24
+
 # integer options and their smallest allowed value (checked on the value given, so an explicit 0 is refused,
 # never replaced by the default)
 MINIMUM_VALUES = [
@@ -141,9 +144,10 @@ def _validate_position_args(args):
         raise UserError("--pe-all-blocks needs an absolute encoding: set --pe-absolute")
     random_positions = getattr(args, "pe_random_positions", None)
     if random_positions is not None:
-        if random_positions < 1:
-            raise UserError(f"--pe-random-positions must be at least 1 (the number of positions to draw from), "
-                            f"got {random_positions}")
+        if not 1 <= random_positions <= MAX_RANDOM_POSITIONS:
+            raise UserError(f"--pe-random-positions must be from 1 (the number of positions to draw from) to "
+                            f"{MAX_RANDOM_POSITIONS:,} (2^24: past it float32, in which positions are computed, no "
+                            f"longer tells consecutive positions apart), got {random_positions:,}")
         if args.pe_absolute == "floater" or getattr(args, "pe_floater_bias", False):
             raise UserError("--pe-random-positions is not supported with FLOATER (--pe-absolute floater, "
                             "--pe-floater-bias): its positions are the ODE's states at t = i·Δt, solved from 0 up to "

@@ -37,6 +37,7 @@ from fairseq_pe.positional.learned import LearnedPositionEncoding
 from fairseq_pe.positional.sinusoid_scale import ROBERTA_DEFAULTS
 
 from .floater_setup import apply_floater_freezing, build_floater_flow
+from .layers import exact_retain_dropout_modules, numbered_layers, use_stock_dropout_names
 from .options import add_position_encoding_args, position_encoding_defaults, validate_position_args
 from .transformer_pe import TransformerPEEncoder
 
@@ -79,6 +80,16 @@ class RobertaPEModel(RobertaModel):
         # FLOATER: one flow for the encoder; None without FLOATER
         self.floater = build_floater_flow(args, {"encoder": encoder.position_injector})
         apply_floater_freezing(self, self.floater, args)
+        use_stock_dropout_names(self)
+
+    def __prepare_scriptable__(self):
+        raise UserError("torch.jit.script: roberta_pe cannot be exported to TorchScript (fairseq's RoBERTa is not "
+                        "scriptable either); export works for transformer_pe with an absolute encoding "
+                        "(docs/encodings.md)")
+
+    def prepare_for_inference_(self, cfg):
+        with as_user_errors(), exact_retain_dropout_modules(self, cfg):
+            super().prepare_for_inference_(cfg)
 
     @classmethod
     def add_args(cls, parser):
@@ -103,11 +114,15 @@ class RobertaPEModel(RobertaModel):
             args.max_positions = args.tokens_per_sample
         args.max_source_positions = args.max_positions  # the learned table's rows
         validate_position_args(args)
+        if args.pe_relative == "xpos":
+            raise UserError("--pe-relative xpos scales causal attention only (Sun et al. 2022): in roberta_pe's "
+                            "encoder it would be plain RoPE; use --pe-relative rope")
         tokens_per_sample = getattr(args, "tokens_per_sample", None)
         if isinstance(tokens_per_sample, int) and tokens_per_sample > args.max_positions:
             raise ValueError(f"--tokens-per-sample {tokens_per_sample} exceeds --max-positions "
                              f"{args.max_positions}: raise --max-positions")
-        encoder = RobertaPEEncoder(args, task.source_dictionary)
+        with numbered_layers(args, sides=("encoder",)):
+            encoder = RobertaPEEncoder(args, task.source_dictionary)
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, True)
         return cls(args, encoder)

@@ -16,7 +16,8 @@ from fairseq_pe.positional import PositionInjector, build_position_encoding
 from fairseq_pe.positional.floater_bias import FloaterAttentionBias
 
 from .floater_setup import apply_floater_freezing, build_floater_flow, floater_pass, flow_of
-from .layers import PositionAwareDecoderLayer, PositionAwareEncoderLayer, wrap_layer
+from .layers import (PositionAwareDecoderLayer, PositionAwareEncoderLayer, blocks_of, exact_retain_dropout_modules,
+                     numbered_layers, use_stock_dropout_names, wrap_layer)
 from .options import add_position_encoding_args, position_encoding_defaults, validate_position_args
 
 
@@ -60,11 +61,13 @@ class TransformerPEEncoder(TransformerEncoderBase):
 
     def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+        num_blocks, blocks = blocks_of("encoder", len(self.layers))  # LayerDrop pruning keeps the blocks' numbers
         self.embed_positions = build_position_injector(
-            cfg, len(self.layers), embed_tokens.embedding_dim, cfg.encoder.attention_heads, self.padding_idx, "source",
+            cfg, num_blocks, embed_tokens.embedding_dim, cfg.encoder.attention_heads, self.padding_idx, "source",
             max_positions_flag=self.max_positions_flag,
         )
-        for block, layer in enumerate(self.layers, start=1):
+        # by index: iterating a LayerDropModuleList (--encoder-layerdrop) in training mode drops layers at random
+        for block, layer in zip(blocks, (self.layers[i] for i in range(len(self.layers)))):
             layer.attach_positions(self.embed_positions, block)
 
     def build_encoder_layer(self, cfg):
@@ -84,11 +87,13 @@ class TransformerPEDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
+        num_blocks, blocks = blocks_of("decoder", len(self.layers))
         self.embed_positions = build_position_injector(
-            cfg, len(self.layers), cfg.decoder.embed_dim, cfg.decoder.attention_heads, self.padding_idx, "target",
+            cfg, num_blocks, cfg.decoder.embed_dim, cfg.decoder.attention_heads, self.padding_idx, "target",
             cross_attention=not no_encoder_attn,
         )
-        for block, layer in enumerate(self.layers, start=1):
+        # by index: iterating a LayerDropModuleList (--encoder-layerdrop) in training mode drops layers at random
+        for block, layer in zip(blocks, (self.layers[i] for i in range(len(self.layers)))):
             layer.attach_positions(self.embed_positions, block)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
@@ -120,6 +125,18 @@ class TransformerPEModel(TransformerModel):
         self.floater = build_floater_flow(args, {"encoder": encoder.embed_positions,
                                                  "decoder": decoder.embed_positions})
         apply_floater_freezing(self, self.floater, args)
+        use_stock_dropout_names(self)
+
+    def __prepare_scriptable__(self):
+        """``torch.jit.script``: fairseq's scriptable ``transformer`` with these weights, or an error naming the
+        option that keeps this model from it (:mod:`.export`)."""
+        from .export import stock_equivalent
+
+        return stock_equivalent(self)
+
+    def prepare_for_inference_(self, cfg):
+        with as_user_errors(), exact_retain_dropout_modules(self, cfg):
+            super().prepare_for_inference_(cfg)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
         # one ODE solve serves the encoder and the decoder of this pass
@@ -136,7 +153,8 @@ class TransformerPEModel(TransformerModel):
         with as_user_errors():  # a bad option is the user's to fix: one line, exit 2 (fairseq_pe.errors)
             base_architecture(args)
             validate_position_args(args)
-            return super().build_model(args, task)
+            with numbered_layers(args):
+                return super().build_model(args, task)
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):

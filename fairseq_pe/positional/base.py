@@ -110,6 +110,20 @@ def project_(tensor: torch.Tensor, bounds) -> torch.Tensor:
     return tensor.clamp_(min=low, max=high)
 
 
+class PassState(dict):
+    """What a module keeps of the forward pass under way (FLOATER's biases of this pass, with their autograd graph).
+
+    A copy of the module never carries it: ``copy.deepcopy`` (fairseq's EMA, ``--store-ema``, copies the model
+    after a forward pass, and a tensor inside a graph cannot be deep-copied) and pickling give an empty one, as a
+    new module has, and it is no parameter or buffer, so ``state_dict()`` never holds it.  The next pass fills it."""
+
+    def __deepcopy__(self, memo):
+        return type(self)()
+
+    def __reduce__(self):
+        return type(self), ()
+
+
 class WeakCache:
     """One cached tensor, keyed by plain values and by the identity of some tensors, that keeps
     nothing alive: the value lasts as long as someone uses it (the layers of one forward pass, or
@@ -117,6 +131,12 @@ class WeakCache:
 
     def __init__(self):
         self._entry = None
+
+    def __deepcopy__(self, memo):  # a copy of the module (EMA, pickle) starts without the pass's value
+        return type(self)()
+
+    def __reduce__(self):
+        return type(self), ()
 
     def get(self, key, tensors: Sequence[Optional[torch.Tensor]], compute: Callable[[], torch.Tensor]):
         entry = self._entry

@@ -40,6 +40,8 @@ HIDDEN = 32
 C_INIT = 0.1
 EPS = 1e-6
 DEFAULT_THRESHOLD = 512
+#: the largest threshold L₀: it and log(c·L + 1) stay finite in float32 (the parameters' dtype)
+MAX_THRESHOLD = 1e30
 #: without autograd, biases of more elements than this are computed one head at a time (no (H, ...) temporaries)
 HEADWISE_ELEMENTS = 1 << 22
 
@@ -54,8 +56,10 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
     def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
         super().__init__(embed_dim, num_heads, num_blocks, causal, args)
         self.threshold = float(option(args, "pe_fire_threshold", DEFAULT_THRESHOLD))
-        if not self.threshold > 0:
-            raise UserError(f"--pe-fire-threshold must be positive, got {self.threshold:g}")
+        if not 0 < self.threshold <= MAX_THRESHOLD:
+            raise UserError(f"--pe-fire-threshold must be positive and at most {MAX_THRESHOLD:g} (L = |λ|·L₀ and the "
+                            f"normaliser log(c·L + 1) are float32: an infinite one leaves the bias no position), got "
+                            f"{self.threshold:g}")
         self.untie_layers = bool(getattr(args, "pe_relative_untie_layers", False))
         n = num_blocks if self.untie_layers else 1
         # nn.Linear(1, 32) and nn.Linear(32, H) per set, stacked (nn.Linear's own initialisation)

@@ -21,7 +21,7 @@ positions of the attending side; cross-attention keys and values those of the so
 import torch
 import torch.nn as nn
 
-from .base import Float32State
+from .base import Float32State, PassState
 
 QKV = ("q", "k", "v")
 
@@ -30,7 +30,6 @@ class FloaterAttentionBias(Float32State):
     """Initial values b^(n)_{q,k,v}(0), zero-initialised, for ``num_blocks`` blocks."""
 
     flow = None
-    _states = None
 
     def __init__(self, embed_dim: int, num_blocks: int):
         super().__init__()
@@ -38,13 +37,14 @@ class FloaterAttentionBias(Float32State):
         self.num_blocks = num_blocks
         self.num_initial_values = num_blocks * len(QKV)
         self.initial = nn.Parameter(torch.zeros(num_blocks, len(QKV), embed_dim))
+        self._pass = PassState()  # the biases of the pass under way ("states")
 
     def initial_values(self):
         return self.initial.view(-1, self.embed_dim)
 
     def begin_forward(self, length: int):
         """Fetch the biases of positions 0 .. length-1 once for the whole forward pass."""
-        self._states = self.flow.states(self, length)
+        self._pass["states"] = self.flow.states(self, length)
 
     def row(self, block: int, index: int) -> int:
         """Which of the initial values serves projection ``index`` of 1-based ``block``."""
@@ -52,15 +52,15 @@ class FloaterAttentionBias(Float32State):
 
     def all_tables(self, length: int) -> torch.Tensor:
         """(length, n·D): every block's q/k/v biases side by side (after :meth:`begin_forward`)."""
-        return self._states[:length].reshape(length, -1)
+        return self._pass["states"][:length].reshape(length, -1)
 
     def query_tables(self, length: int) -> torch.Tensor:
         """(length, num_blocks·D): every block's query biases side by side (after :meth:`begin_forward`)."""
-        return self._states[:length, 0::len(QKV)].reshape(length, -1)
+        return self._pass["states"][:length, 0::len(QKV)].reshape(length, -1)
 
     def table(self, length: int, block: int, index: int) -> torch.Tensor:
         """(length × D) biases of projection ``index`` (0 q, 1 k, 2 v) of 1-based ``block``."""
-        states = self._states
+        states = self._pass.get("states")
         if states is None or states.size(0) < length:
             states = self.flow.states(self, length)
         return states[:length, self.row(block, index)]

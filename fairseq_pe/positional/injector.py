@@ -17,11 +17,25 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import AbsolutePositionEncoding, RelativePositionEncoding
+from .base import AbsolutePositionEncoding, PassState, RelativePositionEncoding
 from .random_positions import sample_positions
 
 #: what ``max_positions`` reports for encodings that work at any length (fairseq needs an int)
 UNLIMITED_POSITIONS = 1 << 40
+
+
+class PositionLimit(int):
+    """A side's longest sequence, an int as fairseq needs it, that says which option sets it (``why``): fairseq's
+    refusal of a longer sentence, or its skipping of longer training pairs, can then name the option to change
+    (:mod:`fairseq_pe.compat`)."""
+
+    def __new__(cls, value: int, why: str):
+        limit = super().__new__(cls, value)
+        limit.why = why
+        return limit
+
+    def __reduce__(self):
+        return PositionLimit, (int(self), self.why)
 
 
 def token_positions(tokens: torch.Tensor, padding_idx: int) -> torch.Tensor:
@@ -81,15 +95,21 @@ class PositionInjector(nn.Module):
         self.positions: Optional[torch.Tensor] = None  # (B, T) of the current forward pass
         self.length = 0  # 1 + the largest position of the current forward pass
         self._plan = self._source_plan = None  # gather plans of this side's / the source's positions
-        self._rows = {}  # FLOATER biases of the current pass: kind -> one (T, B, D) tensor per projection
+        self._rows = PassState()  # FLOATER biases of the current pass: kind -> one (T, B, D) tensor per projection
 
     @property
     def max_positions(self) -> int:
         limit = UNLIMITED_POSITIONS
-        if self.absolute is not None and self.absolute.max_positions is not None:
-            limit = self.absolute.max_positions
-        if self.random_positions is not None:  # n tokens need n distinct positions in [0, L)
-            limit = min(limit, self.random_positions)
+        absolute = self.absolute
+        if absolute is not None and absolute.max_positions is not None:
+            limit = PositionLimit(absolute.max_positions, f"{absolute.max_positions_flag} {absolute.max_positions}, "
+                                  f"the rows of --pe-absolute {absolute.registry_name}'s table (fixed at training "
+                                  f"time: train with a larger {absolute.max_positions_flag}, or use an encoding "
+                                  "without a length limit)")
+        if self.random_positions is not None and self.random_positions < limit:
+            limit = PositionLimit(self.random_positions, f"--pe-random-positions {self.random_positions} (n tokens "
+                                  f"need n distinct positions in [0, {self.random_positions}): train with a larger "
+                                  "--pe-random-positions)")
         return limit
 
     @property
@@ -117,7 +137,7 @@ class PositionInjector(nn.Module):
         self.positions = positions
         self._plan = gather_plan(positions)
         # FLOATER biases on this side's positions: every block's q/k/v (and cross-attention q) in one gather
-        self._rows = {}
+        self._rows = PassState()
         for kind, bias in (("self", self.self_bias), ("cross", self.cross_bias)):
             if bias is not None:
                 bias.begin_forward(max(self.length, self.source_length if kind == "cross" else 0))

@@ -23,6 +23,10 @@ import torch
 from fairseq_pe.errors import UserError
 
 
+#: the most random keys drawn at once (rows × L)
+KEY_ELEMENTS = 1 << 22
+
+
 def _keys_seeded_by_tokens(tokens: torch.Tensor, real: torch.Tensor, limit: int) -> torch.Tensor:
     """(B, limit) uniform keys, row r's from a generator seeded by row r's real tokens (evaluation)."""
     rows = []
@@ -46,10 +50,16 @@ def sample_positions(positions: torch.Tensor, limit: int, tokens: torch.Tensor =
         raise UserError(f"--pe-random-positions {limit}: a sequence of {longest} tokens has no {longest} distinct "
                         f"positions in [0, {limit}); raise --pe-random-positions")
     # the `longest` largest of `limit` uniform keys: a uniform random subset, in random order, so its first n_r
-    # members are a uniform subset of size n_r
-    keys = torch.rand(positions.size(0), limit, device=positions.device) if tokens is None \
-        else _keys_seeded_by_tokens(tokens, real, limit)
-    chosen = keys.topk(longest, dim=1).indices
+    # members are a uniform subset of size n_r (as the authors' permutation of [0, L), this costs L per row: the
+    # rows are drawn a block at a time, so that no more than KEY_ELEMENTS keys exist at once)
+    rows = max(1, KEY_ELEMENTS // limit)
+    chosen = []
+    for start in range(0, positions.size(0), rows):
+        end = min(start + rows, positions.size(0))
+        keys = torch.rand(end - start, limit, device=positions.device) if tokens is None \
+            else _keys_seeded_by_tokens(tokens[start:end], real[start:end], limit)
+        chosen.append(keys.topk(longest, dim=1).indices)
+    chosen = chosen[0] if len(chosen) == 1 else torch.cat(chosen)
     columns = torch.arange(longest, device=positions.device)
     chosen = torch.where(columns < lengths.unsqueeze(1), chosen, limit).sort(dim=1).values
     return torch.where(real, chosen.gather(1, positions.clamp(min=0)), positions)

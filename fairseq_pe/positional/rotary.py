@@ -60,26 +60,49 @@ def yarn_scale(factor: float) -> float:
     return 0.1 * math.log(factor) + 1.0
 
 
+#: how to set the scaling options of a trained checkpoint (they are stored in it)
+OVERRIDE_HINT = ("on a trained checkpoint, override them together, e.g. --model-overrides \"{'pe_rope_scaling': "
+                 "'none', 'pe_rope_scaling_factor': None, 'pe_rope_scaling_original_length': None}\"")
+
+
+def _number(value, flag: str, cast):
+    """``value`` as a number of type ``cast`` (``--model-overrides`` may give a string such as '4'), or an error
+    naming the flag."""
+    if value is None or isinstance(value, bool):
+        return None if value is None else cast(value)
+    try:
+        number = cast(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{flag}: a number is needed, got {value!r}") from None
+    if cast is int and float(value) != number:
+        raise UserError(f"{flag}: a whole number is needed, got {value!r}")
+    return number
+
+
 def rope_scaling(args):
     """(kind, factor) from the model's options; ("none", 1) without them."""
     kind = getattr(args, "pe_rope_scaling", None) or "none"
-    factor = getattr(args, "pe_rope_scaling_factor", None)
-    length = getattr(args, "pe_rope_scaling_original_length", None)
+    factor = _number(getattr(args, "pe_rope_scaling_factor", None), "--pe-rope-scaling-factor", float)
+    length = _number(getattr(args, "pe_rope_scaling_original_length", None), "--pe-rope-scaling-original-length", int)
     if kind not in SCALINGS:
         raise UserError(f"--pe-rope-scaling {kind!r}: choose one of {', '.join(SCALINGS)}")
     if kind == "none":
-        if factor is not None:
-            raise UserError("--pe-rope-scaling-factor needs --pe-rope-scaling linear, ntk or yarn; remove it or add one")
+        given = [flag for flag, value in (("--pe-rope-scaling-factor", factor),
+                                          ("--pe-rope-scaling-original-length", length)) if value is not None]
+        if given:
+            raise UserError(f"{' and '.join(given)} {'need' if len(given) > 1 else 'needs'} --pe-rope-scaling linear, "
+                            f"ntk or yarn: remove {'them' if len(given) > 1 else 'it'} or choose a scaling; "
+                            f"{OVERRIDE_HINT}")
         return kind, 1.0
-    if factor is None or not factor >= 1:
-        raise UserError(f"--pe-rope-scaling {kind} needs --pe-rope-scaling-factor of at least 1 (the ratio of the "
-                        f"length to reach to the training length), got {factor}")
+    if factor is None or not math.isfinite(factor) or factor < 1:
+        raise UserError(f"--pe-rope-scaling {kind} needs --pe-rope-scaling-factor S, finite and at least 1 (the ratio "
+                        f"of the length to reach to the training length), got {factor}")
     if kind == "yarn" and (length is None or length < 1):
         raise UserError("--pe-rope-scaling yarn needs --pe-rope-scaling-original-length N, the longest sequence "
                         f"the model was trained on (in tokens), got {length}")
     if kind != "yarn" and length is not None:
         raise UserError(f"--pe-rope-scaling-original-length is used by --pe-rope-scaling yarn only, not {kind}; "
-                        "remove it")
+                        f"remove it ({OVERRIDE_HINT})")
     return kind, float(factor)
 
 
@@ -87,13 +110,16 @@ def rope_scaling(args):
 class RotaryPositionEncoding(Float32State, RelativePositionEncoding):
     def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
         super().__init__(embed_dim, num_heads, num_blocks, causal, args)
-        if self.head_dim % 2:
-            raise ValueError(f"--pe-relative rope needs an even head dimension, got {self.head_dim}")
+        if self.head_dim % 2 or self.head_dim < 4:
+            raise UserError(f"--pe-relative {self.registry_name} needs an even head dimension of at least 4 (pairs of "
+                            f"dimensions rotate; rotary-embedding-torch divides by d − 2), got {self.head_dim} "
+                            f"({embed_dim} dimensions / {num_heads} heads): use fewer heads or more dimensions")
         self.scaling, self.factor = rope_scaling(args)
         yarn = self.scaling == "yarn"
         self.rotary = RotaryEmbedding(
             dim=self.head_dim,
-            custom_freqs=yarn_frequencies(self.head_dim, self.factor, args.pe_rope_scaling_original_length)
+            custom_freqs=yarn_frequencies(self.head_dim, self.factor,
+                                          _number(args.pe_rope_scaling_original_length, "", int))
             if yarn else None,
             interpolate_factor=self.factor if self.scaling == "linear" else 1.0,
             theta_rescale_factor=self.factor if self.scaling == "ntk" else 1.0,

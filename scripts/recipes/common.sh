@@ -6,7 +6,7 @@
 # (Adam β=(0.9,0.98), inverse-sqrt schedule with 4,000 warm-up updates, label smoothing 0.1,
 # dropout 0.1 base / 0.3 big En-De / 0.1 big En-Fr, shared embeddings, ≈25k source + 25k target
 # tokens per update), FLOATER's warm start (fairseq-pe-warm-start-floater, then fine-tuning),
-# checkpoint averaging (fairseq's scripts/average_checkpoints.py), decoding (beam 4, length
+# checkpoint averaging (fairseq-pe-average-checkpoints), decoding (beam 4, length
 # penalty 0.6, max length = source + 50) and scoring (fairseq-pe-bucket-bleu: sacreBLEU and the
 # papers' tokenised, compound-split BLEU, per source-length bucket, with a PNG).
 #
@@ -35,7 +35,8 @@
 #   UPDATE_FREQ            gradient accumulation (default ceil(TOKENS_PER_UPDATE / (MAX_TOKENS·NUM_GPUS)))
 #   LR, WARMUP, DROPOUT    override the defaults (lr 7e-4 base / 5e-4 big; 4000; see above)
 #   SAVE_INTERVAL_UPDATES  checkpoint every N updates (default 2000); KEEP_INTERVAL_UPDATES (default 10)
-#   AVG_N                  checkpoints averaged (default 5 base, 10 big)
+#   AVG_N                  checkpoints averaged by fairseq-pe-average-checkpoints (default 5 base, 10 big;
+#                          AVG_N=1 decodes checkpoint_last.pt without averaging)
 #   PRECISION              fp16 (default on GPU), bf16 or fp32
 #   SEED                   (default 1)
 #   SYSTEMS                space-separated subset of a recipe's systems to run (default: all)
@@ -44,13 +45,6 @@
 #   WORKERS                preprocessing workers (default: the tools' defaults)
 #   PLUGIN                 the fairseq_pe package directory passed as --user-dir (default: the
 #                          installed package, found without importing it)
-#   AVERAGE_CHECKPOINTS    fairseq's scripts/average_checkpoints.py. pip does not install fairseq's
-#                          scripts/ folder; the recipes look in FAIRSEQ_ROOT/scripts, next to the
-#                          installed fairseq package (an editable install in a clone), in
-#                          ./fairseq/scripts and ./, and stop before any training when it is
-#                          missing. Get it with
-#                          curl -LO https://raw.githubusercontent.com/facebookresearch/fairseq/main/scripts/average_checkpoints.py
-#                          (AVG_N=1 decodes checkpoint_last.pt without averaging)
 #   ALLOW_CPU=1            run without a GPU (adds --cpu; only sensible for smoke tests)
 #   PYTHON                 the interpreter with fairseq and fairseq_pe (default: python)
 
@@ -152,28 +146,6 @@ find_plugin() {
     [[ -n $PLUGIN ]] || die "cannot find the fairseq_pe package: install it (bash scripts/install.sh) or set PLUGIN"
 }
 
-# AVG_CMD: the command that runs fairseq's average_checkpoints.py
-find_average_checkpoints() {
-    AVG_CMD=()
-    local cands=() p
-    [[ -n ${AVERAGE_CHECKPOINTS:-} ]] && cands+=("$AVERAGE_CHECKPOINTS")
-    [[ -n ${FAIRSEQ_ROOT:-} ]] && cands+=("$FAIRSEQ_ROOT/scripts/average_checkpoints.py")
-    _locate_packages
-    if [[ -n ${FAIRSEQ_PKG:-} ]]; then  # an editable install sits in its clone, next to scripts/
-        cands+=("$FAIRSEQ_PKG/scripts/average_checkpoints.py" "${FAIRSEQ_PKG%/*}/scripts/average_checkpoints.py")
-    fi
-    cands+=("$PWD/fairseq/scripts/average_checkpoints.py" "$PWD/average_checkpoints.py")
-    for p in "${cands[@]}"; do
-        if [[ -f $p ]]; then
-            AVG_CMD=("$PYTHON" "$p")
-            return 0
-        fi
-    done
-    if [[ -n ${AVERAGE_CHECKPOINTS:-} ]]; then
-        die "AVERAGE_CHECKPOINTS=$AVERAGE_CHECKPOINTS: no such file"
-    fi
-    return 1
-}
 
 # GPUs, precision and batch size
 setup_hardware() {
@@ -245,17 +217,6 @@ preflight() {
     for t in "$@"; do
         command -v "$t" >/dev/null 2>&1 || missing+=("$t")
     done
-    if ! find_average_checkpoints; then
-        if [[ ${AVG_N:-5} -gt 1 ]]; then
-            local msg="fairseq's scripts/average_checkpoints.py was not found: pip does not install fairseq's scripts/ folder. Get it with: curl -LO https://raw.githubusercontent.com/facebookresearch/fairseq/main/scripts/average_checkpoints.py and set AVERAGE_CHECKPOINTS=\$PWD/average_checkpoints.py (or FAIRSEQ_ROOT=<a fairseq clone>; AVG_N=1 skips averaging)"
-            if dry; then
-                log "warning: $msg"
-                AVG_CMD=("$PYTHON" "${FAIRSEQ_ROOT:-<fairseq>}/scripts/average_checkpoints.py")
-            else
-                die "$msg"
-            fi
-        fi
-    fi
     if ((${#missing[@]})); then
         if dry; then
             log "warning: not on PATH (fine for DRY_RUN): ${missing[*]}"
@@ -409,11 +370,9 @@ average() {
         log "$name: averaged already ($CKPT)"
         return 0
     fi
-    # fairseq's script calls torch.load without weights_only, which torch >= 2.6 refuses for
-    # fairseq checkpoints (argparse.Namespace): the variable restores the old default for it
-    run env TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 "${AVG_CMD[@]}" --inputs "$RUN_DIR/$name" \
-        --num-update-checkpoints "$AVG_K" --output "$CKPT.part"
-    run mv "$CKPT.part" "$CKPT"
+    # written atomically: an interrupted run leaves no half checkpoint
+    run fairseq-pe-average-checkpoints --inputs "$RUN_DIR/$name" --num-update-checkpoints "$AVG_K" \
+        --output "$CKPT"
 }
 
 # generate NAME DATA_BIN CHECKPOINT: translations of the test subset into RUN_DIR/NAME/generate-test.txt

@@ -9,7 +9,7 @@
 #          DRY_RUN=1 bash scripts/recipes/floater-figure2-s2l.sh              (print the commands only)
 #          SYSTEMS="ape-sinusoidal floater-ws" bash scripts/recipes/floater-figure2-s2l.sh
 # Environment: see scripts/recipes/common.sh (DATA_ROOT, OUT_ROOT, MAX_UPDATE, FINETUNE_UPDATES,
-# UPDATE_FREQ, NUM_GPUS, PLUGIN, AVERAGE_CHECKPOINTS, SYSTEMS, DRY_RUN, ...).
+# UPDATE_FREQ, NUM_GPUS, PLUGIN, AVG_N, SYSTEMS, DRY_RUN, ...).
 #
 # The paper's result: Figure 2 ("Comparing BLEU scores of different encoding methods") is a plot
 # only; the paper gives no numbers for it and the plot is not in the text we have, so there is
@@ -49,7 +49,7 @@ set -euo pipefail
 case $0 in */*) source "${0%/*}/common.sh" ;; *) source ./common.sh ;; esac
 
 setup_model base en-de
-preflight fairseq-pe-prepare-wmt14 fairseq-pe-s2l-split fairseq-train fairseq-generate \
+preflight fairseq-pe-prepare-wmt14 fairseq-pe-average-checkpoints fairseq-pe-s2l-split fairseq-train fairseq-generate \
     fairseq-pe-warm-start-floater fairseq-pe-bucket-bleu fairseq-pe-bucket-loss
 RUN_DIR=$OUT_ROOT/s2l-en-de/base
 

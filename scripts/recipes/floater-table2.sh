@@ -7,7 +7,7 @@
 #          DRY_RUN=1 bash scripts/recipes/floater-table2.sh en-fr big          (print the commands only)
 #          SYSTEMS="ape-sinusoidal floater-ws" bash scripts/recipes/floater-table2.sh   (a subset)
 # Environment: see scripts/recipes/common.sh (DATA_ROOT, OUT_ROOT, MAX_UPDATE, FINETUNE_UPDATES,
-# UPDATE_FREQ, NUM_GPUS, PLUGIN, AVERAGE_CHECKPOINTS, SYSTEMS, DRY_RUN, ...).
+# UPDATE_FREQ, NUM_GPUS, PLUGIN, AVG_N, SYSTEMS, DRY_RUN, ...).
 #
 # The paper's Table 2 (BLEU on newstest2014; the paper does not say which BLEU: compare with the
 # tokenised, compound-split table, the convention of its baselines, Vaswani et al. 2017):
@@ -64,7 +64,7 @@ PAIR=${1:-en-de}
 SIZE=${2:-base}
 case $PAIR in en-de | en-fr) ;; *) die "language pair '$PAIR': use en-de or en-fr" ;; esac
 setup_model "$SIZE" "$PAIR"
-preflight fairseq-pe-prepare-wmt14 fairseq-train fairseq-generate fairseq-pe-warm-start-floater fairseq-pe-bucket-bleu
+preflight fairseq-pe-prepare-wmt14 fairseq-pe-average-checkpoints fairseq-train fairseq-generate fairseq-pe-warm-start-floater fairseq-pe-bucket-bleu
 RUN_DIR=$OUT_ROOT/wmt14-$PAIR/$SIZE
 
 prepare_wmt14 "$PAIR"

@@ -8,7 +8,7 @@
 #          DRY_RUN=1 bash scripts/recipes/floater-table6.sh                     (print the commands only)
 #          SYSTEMS="floater rnn1-scalar" bash scripts/recipes/floater-table6.sh   (a subset)
 # Environment: see scripts/recipes/common.sh (DATA_ROOT, OUT_ROOT, MAX_UPDATE, UPDATE_FREQ,
-# NUM_GPUS, PLUGIN, AVERAGE_CHECKPOINTS, SYSTEMS, DRY_RUN, ...).
+# NUM_GPUS, PLUGIN, AVG_N, SYSTEMS, DRY_RUN, ...).
 #
 # The paper's Table 6 (WMT14 En-De, Transformer-base; BLEU and "the number of trainable parameters
 # inside each position encoder"):
@@ -50,7 +50,7 @@ set -euo pipefail
 case $0 in */*) source "${0%/*}/common.sh" ;; *) source ./common.sh ;; esac
 
 setup_model base en-de
-preflight fairseq-pe-prepare-wmt14 fairseq-train fairseq-generate fairseq-pe-bucket-bleu
+preflight fairseq-pe-prepare-wmt14 fairseq-pe-average-checkpoints fairseq-train fairseq-generate fairseq-pe-bucket-bleu
 RUN_DIR=$OUT_ROOT/wmt14-en-de/base
 
 prepare_wmt14 en-de

@@ -9,7 +9,7 @@
 #          DRY_RUN=1 bash scripts/recipes/s2l-all-encodings.sh                 (print the commands only)
 #          SYSTEMS="ape-sinusoidal rope alibi" bash scripts/recipes/s2l-all-encodings.sh
 # Environment: see scripts/recipes/common.sh (DATA_ROOT, OUT_ROOT, MAX_UPDATE, UPDATE_FREQ,
-# NUM_GPUS, PLUGIN, AVERAGE_CHECKPOINTS, SYSTEMS, DRY_RUN, ...).
+# NUM_GPUS, PLUGIN, AVG_N, SYSTEMS, DRY_RUN, ...).
 #
 # Numbers to compare with: none published for this set of encodings. FLOATER's Figure 2 (a plot
 # without numbers in the paper) covers three of them and states that FLOATER "performs
@@ -52,7 +52,7 @@ set -euo pipefail
 case $0 in */*) source "${0%/*}/common.sh" ;; *) source ./common.sh ;; esac
 
 setup_model base en-de
-preflight fairseq-pe-prepare-wmt14 fairseq-pe-s2l-split fairseq-train fairseq-generate \
+preflight fairseq-pe-prepare-wmt14 fairseq-pe-average-checkpoints fairseq-pe-s2l-split fairseq-train fairseq-generate \
     fairseq-pe-warm-start-floater fairseq-pe-bucket-bleu fairseq-pe-bucket-loss
 RUN_DIR=$OUT_ROOT/s2l-en-de/base
 
