@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Speed and memory of every position encoding, as ratios to stock fairseq (CPU).
+"""Speed and memory of every position encoding, as ratios to stock fairseq (CPU, or a CUDA GPU).
 
 The baseline, ``stock``, is fairseq's own Transformer without the plugin (no ``--user-dir``):
 ``transformer_wmt_en_de`` (base: 6+6 layers, 512 dims, 8 heads, FFN 2048, fairseq's sinusoidal
@@ -36,6 +36,12 @@ would land in stock's timed training and generation only).  Each measurement run
 process, one at a time.  Run it on an otherwise idle machine with at least ``--threads`` free cores:
 with more busy threads than cores every torch operation waits for a descheduled thread and the times
 mean nothing (the script warns when the load average says so; the JSON records it).
+
+``--device cuda`` measures the same on the first CUDA GPU (no ``--cpu``; with ``--fp16`` or ``--bf16``, fairseq's
+options of that name for training and generation, and the encoder forward in that dtype): times as on the CPU;
+the training peak memory and the encoder forward memory are then the GPU's peak allocated memory
+(``torch.cuda.max_memory_allocated``), of the training process and of one encoder forward beyond what the model
+and its input hold.  ``--bf16`` also works on the CPU; ``--fp16`` needs CUDA.
 
 Metrics, per system:
 
@@ -213,14 +219,17 @@ try:
 finally:
     print("PLUGIN_LOADED", int("fairseq_pe" in sys.modules), flush=True)
     print("PEAK_RSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)
+    import torch
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        print("CUDA_PEAK_KB", torch.cuda.max_memory_allocated() // 1024, flush=True)
 """
 
 # one encoder forward of one T-token sentence, stock fairseq or the plugin, with the same settings;
 # prints the peak extra resident memory (KiB)
 ENCODER_CHILD = r"""
 import argparse, sys
-kind, repo, arch, length, threads, vocab, batch = sys.argv[1:8]
-length, threads, vocab, flags = int(length), int(threads), int(vocab), sys.argv[8:]
+kind, repo, arch, length, threads, vocab, batch, device, dtype = sys.argv[1:10]
+length, threads, vocab, flags = int(length), int(threads), int(vocab), sys.argv[10:]
 import torch
 from types import SimpleNamespace
 from fairseq.data import Dictionary
@@ -242,22 +251,33 @@ for i in range(vocab):
 d.pad_to_multiple_(8)
 torch.manual_seed(0)
 model = Model.build_model(args, SimpleNamespace(source_dictionary=d, target_dictionary=d)).train()
+model = model.to(device=device, dtype=getattr(torch, dtype))
 tokens = torch.randint(d.nspecial, len(d), (1 if batch == "one" else 2, length))
 lengths = torch.tensor([length] * tokens.size(0))
 if batch == "left-padded":  # a second sentence of half the length, padded on the left as fairseq batches a source
     tokens[1, :length - length // 2] = d.pad()
     lengths[1] = length // 2
+tokens, lengths = tokens.to(device), lengths.to(device)
 def rss_kb(field):
     for line in open("/proc/self/status"):
         if line.startswith(field):
             return int(line.split()[1])
 model.encoder(tokens, lengths)  # warm-up (lazy caches)
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # reset the peak (VmHWM) to the current resident size
-base = rss_kb("VmRSS:")
-out = model.encoder(tokens, lengths)["encoder_out"][0]
+if device == "cuda":  # the GPU's peak allocated memory beyond what is allocated now (model, input)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = model.encoder(tokens, lengths)["encoder_out"][0]
+    torch.cuda.synchronize()
+    extra_kb = (torch.cuda.max_memory_allocated() - base) // 1024
+else:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak (VmHWM) to the current resident size
+    base = rss_kb("VmRSS:")
+    out = model.encoder(tokens, lengths)["encoder_out"][0]
+    extra_kb = rss_kb("VmHWM:") - base
 assert out.requires_grad and out.shape[0] == length
-print("PEAK_EXTRA_KB", rss_kb("VmHWM:") - base, flush=True)
+print("PEAK_EXTRA_KB", extra_kb, flush=True)
 print("PARAMS", sum(p.numel() for p in model.parameters()), flush=True)
 print("THREADS", torch.get_num_threads(), flush=True)
 print("PLUGIN_LOADED", int("fairseq_pe" in sys.modules), flush=True)
@@ -408,16 +428,32 @@ def commands(args, name, data, save):
              "--max-update", str(args.updates), "--disable-validation",
              "--save-dir", save, "--no-epoch-checkpoints", "--save-interval-updates", "0",
              "--no-save-optimizer-state",
-             "--seed", "1", "--cpu", "--num-workers", "0", "--log-format", "simple"]
+             "--seed", "1", *device_flags(args), "--num-workers", "0", "--log-format", "simple"]
     generate = ["fairseq-generate", data, *([] if name == STOCK else ["--user-dir", PLUGIN]),
                 "--path", os.path.join(save, "checkpoint_last.pt"), "--gen-subset", "test", "--beam", "4",
                 "--batch-size", "16", "--required-batch-size-multiple", "1", "--min-len", str(args.gen_len),
-                "--max-len-a", "0", "--max-len-b", str(args.gen_len), "--cpu", "--num-workers", "0"]
+                "--max-len-a", "0", "--max-len-b", str(args.gen_len), *device_flags(args), "--num-workers", "0"]
     # the encoder child: (stock|plugin) ARCH T THREADS VOCAB FLAGS
     encoder_model = [*(args.stock_flags_list if name == STOCK else system_flags(args, name)), *MODEL_FLAGS]
     encoder = ["stock" if name == STOCK else "plugin", REPO, args.stock_arch if name == STOCK else args.arch,
-               "T", str(args.threads), str(args.vocab), args.encoder_batch, *encoder_model]
+               "T", str(args.threads), str(args.vocab), args.encoder_batch, args.device, model_dtype(args),
+               *encoder_model]
     return {"train": train, "generate": generate, "encoder": encoder}
+
+
+def device_flags(args):
+    """fairseq's options for the device and precision of the run."""
+    return (["--cpu"] if args.device == "cpu" else []) + (["--fp16"] if args.fp16 else []) \
+        + (["--bf16"] if args.bf16 else [])
+
+
+def model_dtype(args) -> str:
+    return "float16" if args.fp16 else "bfloat16" if args.bf16 else "float32"
+
+
+def precision_label(args) -> str:
+    device = "CPU" if args.device == "cpu" else f"CUDA ({args.gpu_name})"
+    return f"{device}, {model_dtype(args)}"
 
 
 def check_plugin(name, out, what):
@@ -439,7 +475,8 @@ def train_and_generate(args, name, cmds, env, progress, round_):
                          "the timing would be wrong")
     check_plugin(name, out, what)
     r = {"train_s": found(r"done training in ([\d.]+) seconds", out, what),
-         "train_peak_kb": found(r"PEAK_RSS_KB (\d+)", out, what, int),
+         "train_peak_kb": found(r"CUDA_PEAK_KB (\d+)" if args.device == "cuda" else r"PEAK_RSS_KB (\d+)", out, what,
+                                int),
          # the final checkpoint is written inside fairseq's timed loop: kept small (no optimizer state)
          # and its time recorded, to judge the disk's share
          "checkpoint_write_s": found(r"writing took ([\d.]+) seconds", out, what),
@@ -633,7 +670,7 @@ def plot(args, results, path):
                            + [t["target"] for n in names for t in results[n]["targets"].values()]) * 1.3)
         ax.set_xticks(x)
         ax.set_xticklabels(names, rotation=30, ha="right")
-    fig.suptitle(f"{args.arch} vs stock {args.stock_arch} (CPU, {args.threads} threads)")
+    fig.suptitle(f"{args.arch} vs stock {args.stock_arch} ({precision_label(args)}, {args.threads} CPU threads)")
     fig.tight_layout(rect=(0, 0, 1, 0.98))
     savefig(fig, path, dpi=100)
     plt.close(fig)
@@ -668,6 +705,11 @@ def parse_args(argv):
     p.add_argument("--encoder-batch", choices=["one", "left-padded"], default="one",
                    help="the encoder memory's batch: one sentence of T tokens (default), or it and one of T/2 tokens "
                         "padded on the left, as fairseq batches a source (the per-row path of FIRE's normaliser)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where every system runs: the CPU (default) or the first CUDA GPU; memory is then the GPU's")
+    precision = p.add_mutually_exclusive_group()
+    precision.add_argument("--fp16", action="store_true", help="fairseq's --fp16 (needs --device cuda)")
+    precision.add_argument("--bf16", action="store_true", help="fairseq's --bf16")
     p.add_argument("--encoder-only", action="store_true",
                    help="measure the encoder forward memory only (no training, no generation)")
     args = p.parse_args(argv)
@@ -677,6 +719,16 @@ def parse_args(argv):
     if min(args.lengths) < 1:
         raise UserError(f"--lengths must be at least 1, got {min(args.lengths)}")
     args.lengths = list(dict.fromkeys(args.lengths))
+    args.gpu_name = None
+    if args.fp16 and args.device != "cuda":
+        raise UserError("--fp16 needs --device cuda (fairseq's fp16 training is for GPUs); on the CPU use --bf16")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda: this torch sees no CUDA GPU "
+                            f"(torch {torch.__version__}, CUDA {torch.version.cuda}); leave --device out for the CPU")
+        args.gpu_name = torch.cuda.get_device_name(0)
     stock_arch, stock_flags, arch = SIZES[args.size]
     args.arch = args.arch or arch
     args.stock_arch = args.stock_arch or stock_arch
@@ -758,12 +810,12 @@ def benchmark(argv):
         f"{args.gen_sentences} sentences × {args.gen_len} tokens; fastest of {args.repeats} rounds; ")
     settings = (f"Stock fairseq `{args.stock_arch}`{' ' + args.stock_flags if args.stock_flags else ''} vs the "
                 f"plugin's `{args.arch}`: shared {args.vocab}-word vocabulary (--share-all-embeddings), dropout 0; "
-                f"CPU, {args.threads} threads; {timed}encoder forward: "
+                f"{precision_label(args)}, {args.threads} CPU threads; {timed}encoder forward: "
                 f"{'one sentence' if args.encoder_batch == 'one' else 'T and T/2 tokens, padded on the left'}, "
                 "train mode, autograd on. Ratios to stock "
                 f"(✓/✗: the target of the system's group, below).")
     text = (f"# Position encodings vs stock fairseq\n\n{settings}\n\n{table}\n\n{absolute}\n\n{line}\n\n"
-            f"Targets (ratios to stock, CPU, at most):\n\n{targets}\n")
+            f"Targets (ratios to stock, at most; set for the CPU, float32):\n\n{targets}\n")
     payload = {"settings": {**{k: v for k, v in vars(args).items() if k != "stock_flags_list"},
                             "model_flags": MODEL_FLAGS, "target_length": TARGET_LENGTH,
                             "env": {k: env[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",

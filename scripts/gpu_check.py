@@ -174,20 +174,11 @@ def build(args, data, system, extra=()):
 
 def padded_batch(dictionary, device, source_lengths, target_lengths):
     """A fairseq batch of random sentences: the source padded on the left, the target on the right."""
-    import torch
-    from fairseq.data import LanguagePairDataset
-
-    g = torch.Generator().manual_seed(0)
-
-    def sentence(n):
-        return torch.cat([torch.randint(dictionary.nspecial, len(dictionary), (n - 1,), generator=g),
-                          torch.tensor([dictionary.eos()])])
-
-    src, tgt = [sentence(n) for n in source_lengths], [sentence(n) for n in target_lengths]
-    dataset = LanguagePairDataset(src, [len(s) for s in src], dictionary, tgt, [len(t) for t in tgt], dictionary)
-    sample = dataset.collater([dataset[i] for i in range(len(src))])
     from fairseq import utils
 
+    from fairseq_pe.synthetic import random_batch
+
+    sample = random_batch(dictionary, source_lengths, target_lengths)
     return utils.move_to_cuda(sample, device) if device.startswith("cuda") else sample
 
 

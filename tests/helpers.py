@@ -263,3 +263,16 @@ ALL_ENCODINGS = {
 }
 #: the encodings that take randomised positions (--pe-random-positions: not FLOATER, and not the none control)
 RANDOMISABLE = ["ape-sinusoidal", "rope", "xpos", "alibi", "t5", "kerple-power", "sandwich", "fire", "rpe-learned"]
+
+
+def load_script(name: str):
+    """``scripts/<name>.py`` as a module (its folder importable, as when it runs: the scripts import each other)."""
+    import importlib.util
+
+    folder = os.path.join(REPO, "scripts")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(folder, name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

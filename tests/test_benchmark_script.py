@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from helpers import REPO
+from helpers import REPO, load_script
 
 BENCHMARK = os.path.join(REPO, "scripts", "benchmark_positions.py")
 
@@ -121,7 +121,8 @@ def test_benchmark_script_encoder_memory_only_with_a_left_padded_batch(tmp_path)
     sentence padded on the left (FIRE's per-row path under randomised positions)."""
     out = tmp_path / "bench"
     cmd = [sys.executable, BENCHMARK, "--out", str(out), "--size", "tiny", "--systems", "fire-random",
-           "--encoder-only", "--encoder-batch", "left-padded", "--vocab", "50", "--lengths", "64", "--threads", "1"]
+           "--encoder-only", "--encoder-batch", "left-padded", "--vocab", "50", "--lengths", "64", "--threads", "1",
+           "--bf16"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     data = json.loads((out / "benchmark.json").read_text())
@@ -134,3 +135,28 @@ def test_benchmark_script_encoder_memory_only_with_a_left_padded_batch(tmp_path)
     md = (out / "benchmark.md").read_text()
     assert cells(md, "fire-random")[1:4] == ["n/a", "n/a", "n/a"] and cells(md, "fire-random")[4].endswith("×")
     assert "T and T/2 tokens, padded on the left" in md and "training:" not in md
+    assert "CPU, bfloat16" in md and res["stock"]["commands"]["encoder"][7:9] == ["cpu", "bfloat16"]
+
+
+def test_benchmark_commands_on_cuda_with_half_precision(monkeypatch):
+    """--device cuda: fairseq's commands lose --cpu and take --fp16 (or --bf16); the encoder forward runs on
+    CUDA in that dtype; a machine without CUDA, or --fp16 on the CPU, is told so (exit 2, the flag named)."""
+    import torch
+
+    bench = load_script("benchmark_positions")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA Test GPU")
+    args = bench.parse_args(["--device", "cuda", "--fp16", "--size", "tiny"])
+    cmds = bench.commands(args, "rope", "DATA", "SAVE")
+    for kind in ("train", "generate"):
+        assert "--cpu" not in cmds[kind] and cmds[kind].count("--fp16") == 1 and "--bf16" not in cmds[kind]
+    assert cmds["encoder"][7:9] == ["cuda", "float16"]
+    assert bench.precision_label(args) == "CUDA (NVIDIA Test GPU), float16"
+    stock = bench.commands(bench.parse_args(["--device", "cuda", "--bf16", "--size", "tiny"]), "stock", "DATA", "SAVE")
+    assert "--bf16" in stock["train"] and "--user-dir" not in stock["train"]
+    assert "--cpu" in bench.commands(bench.parse_args(["--size", "tiny"]), "rope", "DATA", "SAVE")["train"]
+    env = dict(os.environ, PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
+    for flags, named in ((["--fp16"], "--fp16 needs --device cuda"), (["--device", "cuda"], "--device cuda:")):
+        proc = subprocess.run([sys.executable, BENCHMARK, "--out", "unused", *flags], capture_output=True, text=True,
+                              env=env)
+        assert proc.returncode == 2 and named in proc.stderr, proc.stderr[-2000:]

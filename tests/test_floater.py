@@ -284,3 +284,29 @@ def test_long_solves_keep_no_graph_and_give_the_same_gradients(monkeypatch):
     assert dynamics and any(got[n].abs().sum() > 0 for n in dynamics)
     for name in got:
         torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("solver", ["rk4", "euler", "midpoint"])
+@pytest.mark.parametrize("substeps", [1, 5])
+def test_the_fixed_grid_solver_is_torchdiffeqs_without_host_syncs(solver, substeps):
+    """FLOATER's own loop for the fixed-step solvers gives torchdiffeq's states bit for bit (its rk4 is the 3/8 rule)
+    and its gradients to rounding (backward sums in another order), without the comparisons of time tensors of
+    torchdiffeq's loop (about 4 host syncs per position)."""
+    import torchdiffeq
+
+    from fairseq_pe.models.op_count import counting
+    from fairseq_pe.positional.floater import FloaterDynamics, _StackedField, _fixed_grid, _refined_grid
+
+    torch.manual_seed(0)
+    dynamics = FloaterDynamics(3, 16, 16, bound=1.0)
+    times = torch.arange(0, 30, dtype=torch.float32) * 0.1
+    y = torch.randn(3, 4, 16, requires_grad=True)
+    expected = torchdiffeq.odeint(_StackedField(dynamics), y, times, method=solver,
+                                  options={"grid_constructor": _refined_grid(substeps)})
+    with counting() as ops:
+        got = _fixed_grid(_StackedField(dynamics), y, times, substeps, solver)
+    assert torch.equal(got, expected) and ops.syncs == 0
+    weights = torch.randn_like(got)
+    for a, b in zip(torch.autograd.grad((got * weights).sum(), [y, dynamics.w1, dynamics.w2]),
+                    torch.autograd.grad((expected * weights).sum(), [y, dynamics.w1, dynamics.w2])):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -27,7 +27,7 @@ def set_params(enc, r1, r2):
 
 def test_log_kernel_by_hand():
     """−r₁·log(1 + r₂·|i − j|): head 0 with r₁ = 0.5, r₂ = 2; head 1 with r₁ = 1, r₂ = 0.25 (block 1)."""
-    enc = kerple("kerple-log")
+    enc = kerple("kerple-log", pe_relative_untie_layers=True)
     set_params(enc, [[0.5, 1.0], [3.0, 3.0]], [[2.0, 0.25], [3.0, 3.0]])
     bias = enc.position_bias(3, 3, 0, 1)
     assert bias[0, 0, 2].item() == pytest.approx(-0.5 * math.log(5))   # |0 − 2| = 2: 1 + 2·2
@@ -40,7 +40,7 @@ def test_log_kernel_by_hand():
 
 def test_power_kernel_by_hand():
     """−r₁·|i − j|^r₂: r₁ = 0.5, r₂ = 1.5 and r₁ = 2, r₂ = 1 (ALiBi with slope 2)."""
-    enc = kerple("kerple-power", causal=True)
+    enc = kerple("kerple-power", causal=True, pe_relative_untie_layers=True)
     set_params(enc, [[0.5, 2.0], [1.0, 1.0]], [[1.5, 1.0], [1.0, 1.0]])
     bias = enc.position_bias(4, 4, 0, 1)
     assert bias[0, 3, 0].item() == pytest.approx(-0.5 * 3 ** 1.5)
@@ -52,9 +52,9 @@ def test_power_kernel_by_hand():
 @pytest.mark.parametrize("name,high", [("kerple-log", None), ("kerple-power", 2.0)])
 def test_values_out_of_range_are_used_clamped(name, high):
     """A value set by other means than a fairseq optimizer (which projects it) is used clamped into range."""
-    enc = kerple(name)
+    enc = kerple(name, pe_relative_untie_layers=True)
     set_params(enc, [[-1.0, 0.0], [5.0, 0.3]], [[-2.0, 7.0], [0.001, 1.0]])
-    clamped = kerple(name)
+    clamped = kerple(name, pe_relative_untie_layers=True)
     set_params(clamped, [[EPS, EPS], [5.0, 0.3]], [[EPS, 7.0 if high is None else high], [EPS, 1.0]])
     for block in (1, 2):
         torch.testing.assert_close(enc.position_bias(5, 5, 0, block), clamped.position_bias(5, 5, 0, block))
@@ -71,7 +71,7 @@ def test_the_projection_reaches_the_copy_every_fairseq_optimizer_updates(cpu_fp1
     forward pass used the bound."""
     trajectories = {}
     for precision in PRECISIONS:
-        model, _ = build_model("--pe-absolute", "none", "--pe-relative", "kerple-power")
+        model, _ = build_model("--pe-absolute", "none", "--pe-relative", "kerple-power", "--pe-relative-untie-layers")
         if precision != "fp32":
             model = model.to(torch.float16 if "fp16" in precision else torch.bfloat16)
         enc = model.encoder.embed_positions.relative
@@ -102,17 +102,44 @@ def test_the_projection_reaches_the_copy_every_fairseq_optimizer_updates(cpu_fp1
 
 def test_initialisation_follows_the_official_code():
     torch.manual_seed(0)
-    log, power = kerple("kerple-log", heads=64, blocks=4), kerple("kerple-power", heads=64, blocks=4)
+    log, power = (kerple(name, heads=64, blocks=4, pe_relative_untie_layers=True) for name in ("kerple-log", "kerple-power"))
     for enc, (s1, s2) in ((log, (2, 1)), (power, (1, 2))):
         assert EPS <= enc.r1.min() and enc.r1.max() <= s1 and enc.r1.max() > 0.8 * s1
         assert EPS <= enc.r2.min() and enc.r2.max() <= s2 and enc.r2.max() > 0.8 * s2
-        assert not torch.equal(enc.r1[0], enc.r1[1])  # per layer
+        assert not torch.equal(enc.r1[0], enc.r1[1])  # per layer, untied
 
 
-@pytest.mark.parametrize("flag", ["--pe-relative-untie-layers", "--pe-relative-untie-heads"])
-def test_untie_flags_are_refused_as_already_untied(flag):
+@pytest.mark.parametrize("name", ["kerple-log", "kerple-power"])
+def test_shared_by_all_layers_as_the_authors_code(name):
+    """chijames/KERPLE hands one rpe_emb module to every layer (megatron/model/gpt2_model.py): r₁, r₂ per head,
+    2·H parameters per side (16 for 8 heads, where one pair per layer of 6 layers had 96); --pe-relative-untie-layers
+    gives one pair per layer; --pe-relative-untie-heads is refused (per head already)."""
+    model, _ = build_model("--pe-absolute", "none", "--pe-relative", name, "--encoder-layers", "6",
+                           "--encoder-attention-heads", "8")
+    enc = model.encoder.embed_positions.relative
+    assert sum(p.numel() for p in enc.parameters()) == 16 and enc.r1.shape == (1, 8)
+    torch.testing.assert_close(enc.position_bias(5, 5, 0, 1), enc.position_bias(5, 5, 0, 6))
+    untied, _ = build_model("--pe-absolute", "none", "--pe-relative", name, "--encoder-layers", "6",
+                            "--encoder-attention-heads", "8", "--pe-relative-untie-layers")
+    assert sum(p.numel() for p in untied.encoder.embed_positions.relative.parameters()) == 96
     with pytest.raises(UserError, match="already"):
-        build_model("--pe-absolute", "none", "--pe-relative", "kerple-log", flag)
+        build_model("--pe-absolute", "none", "--pe-relative", name, "--pe-relative-untie-heads")
+
+
+@pytest.mark.parametrize("name", ["kerple-log", "kerple-power"])
+def test_a_checkpoint_with_a_pair_per_layer_loads_as_trained(name):
+    """Checkpoints of fairseq-pe before the sharing hold one pair per layer: a model built from their options (no
+    untie flag) takes their shape and computes what they computed."""
+    trained, d = build_model("--pe-absolute", "none", "--pe-relative", name, "--pe-relative-untie-layers", seed=3)
+    with torch.no_grad():
+        for side in (trained.encoder, trained.decoder):
+            side.embed_positions.relative.r1.uniform_(0.1, 2.0)  # different per layer
+    loaded, _ = build_model("--pe-absolute", "none", "--pe-relative", name, seed=4)
+    loaded.load_state_dict(trained.state_dict())
+    assert loaded.encoder.embed_positions.relative.r1.shape == (2, 4)
+    src, prev = random_tokens(d, 2, 9, left_pad=(0, 3)), random_tokens(d, 2, 6, seed=1)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(src, torch.tensor([9, 6]), prev)[0], trained(src, torch.tensor([9, 6]), prev)[0])
 
 
 @pytest.mark.parametrize("name", ["kerple-log", "kerple-power"])

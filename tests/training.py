@@ -7,9 +7,11 @@ import os
 
 import torch
 from fairseq import options, tasks
-from fairseq.data import Dictionary, LanguagePairDataset
+from fairseq.data import Dictionary
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.trainer import Trainer
+
+from fairseq_pe.synthetic import random_batch
 
 from helpers import PLUGIN
 
@@ -53,12 +55,4 @@ def build_trainer(data_dir, *flags, seed: int = 1):
 def batch(dictionary: Dictionary, source_lengths, target_lengths, seed: int = 0):
     """fairseq's collated batch of random sentences of these lengths (EOS included): the source left-padded and
     the target right-padded, as fairseq's translation task batches them."""
-    g = torch.Generator().manual_seed(seed)
-
-    def sentence(n):
-        return torch.cat([torch.randint(dictionary.nspecial, len(dictionary), (n - 1,), generator=g),
-                          torch.tensor([dictionary.eos()])])
-
-    src, tgt = [sentence(n) for n in source_lengths], [sentence(n) for n in target_lengths]
-    dataset = LanguagePairDataset(src, [len(s) for s in src], dictionary, tgt, [len(t) for t in tgt], dictionary)
-    return dataset.collater([dataset[i] for i in range(len(src))])
+    return random_batch(dictionary, source_lengths, target_lengths, seed)

@@ -71,7 +71,7 @@ def saturated(bias: Tensor, masking: Optional[Tensor], dtype, shift: bool = True
     visible = bias if masking is None else bias + masking
     top = visible.detach().amax(dim=-1, keepdim=True)
     del visible
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    top = torch.nan_to_num(top, nan=0.0, posinf=0.0, neginf=0.0)  # a row without a visible key: no shift
     return (bias - top).clamp(min=-limit)
 
 
@@ -94,7 +94,39 @@ def merged_mask(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
         bias = bias.unsqueeze(0) if bias.dim() == 3 else bias  # (B, H, T, S): a bias per row (FIRE's offsets)
         bias = saturated(bias, masking, dtype, shift)
         mask = bias if masking is None else bias + masking
-    return None if mask is None else mask.to(dtype)
+    return None if mask is None else kernel_layout(mask, dtype)
+
+
+#: the alignment (in elements) of a mask's rows that CUDA's memory-efficient kernel reads in place (torch's
+#: ``preprocess_mask`` pads and copies a mask whose row stride is not a multiple of it, at every call)
+MASK_ALIGNMENT = 16
+
+
+def aligned_rows(device) -> bool:
+    """Whether masks on ``device`` are laid out with aligned rows (:func:`kernel_layout`): on CUDA."""
+    return device.type == "cuda"
+
+
+def kernel_layout(mask: Tensor, dtype) -> Tensor:
+    """``mask`` in ``dtype`` laid out as torch's kernels read it without a copy: the last dimension contiguous and,
+    where :func:`aligned_rows`, each row starting at a multiple of :data:`MASK_ALIGNMENT` elements (a view of
+    (..., S) into storage of (..., S rounded up)).  One copy, the cast's own."""
+    src_len = mask.size(-1)
+    if not aligned_rows(mask.device):
+        return mask.to(dtype).contiguous()
+    if mask.stride(-1) == 1 and mask.dtype == dtype and all(
+            stride % MASK_ALIGNMENT == 0 or size == 1 for stride, size in zip(mask.stride()[:-1], mask.shape[:-1])):
+        return mask
+    width = -(-src_len // MASK_ALIGNMENT) * MASK_ALIGNMENT
+    laid_out = mask.new_empty(*mask.shape[:-1], width, dtype=dtype)[..., :src_len]
+    return laid_out.copy_(mask)
+
+
+def mask_gradient_fused(device) -> bool:
+    """Whether torch's fused kernels on ``device`` give the gradient of a float mask: CUDA's memory-efficient kernel
+    does (T5, KERPLE and FIRE then train on the fused path); on the CPU the gradient needs the probabilities, and
+    the blockwise path computes them in blocks (module docstring)."""
+    return device.type == "cuda"
 
 
 def safe_softmax(logits: Tensor) -> Tensor:
@@ -121,6 +153,8 @@ class PositionAttention(MultiheadAttention):
         self._set_skip_embed_dim_check()
         self.relative = None
         self.block = 1
+        #: decoder self-attention: the ``attn_mask`` fairseq hands it in a full pass is its future mask
+        self.future_masked = False
 
     @classmethod
     def adopt(cls, attention: MultiheadAttention) -> "PositionAttention":
@@ -178,12 +212,16 @@ class PositionAttention(MultiheadAttention):
         if relative is None:  # cross-attention, or self-attention without a relative encoding
             return self._fused(q, k, v, 0, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim), None
 
+        relative.note_padding(key_padding_mask is not None)
         query_offset = 0
         if incremental_state is not None:
             saved = self._get_input_buffer(incremental_state)
             if "prev_key" in saved:
                 query_offset = saved["prev_key"].size(2)
-        q, k = relative.rotate(q, k, query_offset, self.block)
+        bias_gradient = torch.is_grad_enabled() and relative.bias_requires_grad
+        fused = not explicit and not relative.query_terms and (not bias_gradient or mask_gradient_fused(q.device))
+        # SDPA scales the logits itself; the other paths take the queries scaled (with RoPE's rotation: no product)
+        q, k = relative.rotate(q, k, query_offset, self.block, 1.0 if fused else self.scaling)
         if incremental_state is not None:
             if query_offset > 0:
                 k = torch.cat([saved["prev_key"], k], dim=2)
@@ -198,12 +236,11 @@ class PositionAttention(MultiheadAttention):
         value_dtype = v.dtype
         if q.dtype != v.dtype:  # queries and keys kept in float32 by the encoding (xPos's scales in fp16)
             v = v.to(q.dtype)
-        if not explicit and not relative.query_terms and not (torch.is_grad_enabled() and relative.bias_requires_grad):
+        if fused:
             return self._fused(q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim,
                                value_dtype), None
 
         src_len = k.size(2)
-        q = q * self.scaling
         if observer is not None:
             observer(self, "explicit" if explicit else "blockwise")
         if explicit:
@@ -233,26 +270,35 @@ class PositionAttention(MultiheadAttention):
         return out, weights
 
     def _fused(self, q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim, out_dtype=None):
-        """SDPA with one float mask (module docstring); returns the (T, B, E) output projection."""
+        """SDPA with one float mask, or ``is_causal`` (module docstring); returns the (T, B, E) output projection."""
         src_len = k.size(2)
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
         relative = self.relative
+        causal = False
+        if self.future_masked and attn_mask is not None and key_padding_mask is None and query_offset == 0 \
+                and tgt_len == src_len and tuple(attn_mask.shape) == (tgt_len, src_len) \
+                and (relative is None or not relative.adds_bias):
+            # fairseq's future mask is all this attention masks with: the kernel's own causal mask (top-left
+            # aligned, the same for T = S) reaches FlashAttention, which takes no float mask
+            mask, causal = None, True
+        elif relative is not None:  # the same for the layers of a pass that share the bias: built once per pass
+            def mask():
+                bias = relative.position_bias(tgt_len, src_len, query_offset, self.block)
+                return merged_mask(attn_mask, key_padding_mask, bias, bsz, tgt_len, src_len, q.dtype)
 
-        def mask():
-            bias = None if relative is None else relative.position_bias(tgt_len, src_len, query_offset, self.block)
-            return merged_mask(attn_mask, key_padding_mask, bias, bsz, tgt_len, src_len, q.dtype)
-
-        if relative is not None:  # the mask is the same for the layers of a pass that share the bias: built once
-            key = (bsz, tgt_len, src_len, query_offset, relative.bias_key(self.block), q.dtype, q.device)
-            mask = relative.mask_cache.get(key, (attn_mask, key_padding_mask, relative.row_positions), mask)
+            gradient = torch.is_grad_enabled() and relative.bias_requires_grad
+            key = ("mask", bsz, tgt_len, src_len, query_offset, relative.bias_key(self.block), q.dtype,
+                   attn_mask is not None, key_padding_mask is not None, gradient)
+            mask = relative.shared(key, mask, keep_graph=gradient and not relative.recomputed)
         else:
-            mask = mask()
+            mask = merged_mask(attn_mask, key_padding_mask, None, bsz, tgt_len, src_len, q.dtype)
         dropout = self.dropout_module
         p = dropout.p if (self.training or dropout.apply_during_inference) else 0.0
         if observer is not None:
-            observer(self, "fused", q=q, k=k, v=v, attn_mask=mask, dropout_p=p, is_causal=False)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=self.scaling)
+            observer(self, "fused", q=q, k=k, v=v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal,
+                                             scale=self.scaling)
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
         return self.out_proj(out if out_dtype is None else out.to(out_dtype))
 
@@ -264,31 +310,47 @@ class PositionAttention(MultiheadAttention):
                   need_probs=False, before_softmax=False):
         """Rows start..end of the attention with every relative term: (output, probabilities, logits).
 
-        ``q`` (B, H, rows, d) is scaled; ``k``, ``v`` (B, H, S, d) hold every key."""
+        ``q`` (B, H, rows, d) is scaled; ``k``, ``v`` (B, H, S, d) hold every key.  A single query row (a step of
+        step-by-step decoding) takes a relative encoding's query terms into its keys and values instead
+        (:meth:`~fairseq_pe.positional.relative_vectors._RelativeVectors.folded_vectors`: q·(k_j + a^K_{j−i}) and
+        Σ_j α_ij (v_j + a^V_{j−i}), the same sums), and every layer reads the step's mask, built once."""
         bsz, heads, rows, head_dim = q.shape
         src_len = k.size(2)
         relative = self.relative
         offset = query_offset + start
+        folded = relative.query_terms and rows == 1
+        if folded:
+            key_vectors, value_vectors = relative.folded_vectors(src_len, offset, self.block)
+            k = k + key_vectors.to(k.dtype)
+            v = v + value_vectors.to(v.dtype)
         flat_q = q.reshape(bsz * heads, rows, head_dim)
         logits = torch.bmm(flat_q, k.reshape(bsz * heads, src_len, head_dim).transpose(1, 2))
         logits = logits.view(bsz, heads, rows, src_len)
         # in place from here on: no more (B, H, rows, S) copies (bmm's backward needs q and k, not its output)
-        term = relative.logit_terms(flat_q, rows, src_len, offset, self.block)
-        if term is not None:
-            logits.add_(term.to(logits.dtype))
-            del term
-        bias = relative.position_bias(end - start, src_len, offset, self.block)
-        mask = merged_mask(None if attn_mask is None else attn_mask[start:end], key_padding_mask, bias, bsz, rows,
-                           src_len, logits.dtype, shift=not before_softmax)
+        if not folded:
+            term = relative.logit_terms(flat_q, rows, src_len, offset, self.block)
+            if term is not None:
+                logits.add_(term.to(logits.dtype))
+                del term
+
+        def mask():
+            bias = relative.position_bias(end - start, src_len, offset, self.block)
+            return merged_mask(None if attn_mask is None else attn_mask[start:end], key_padding_mask, bias, bsz, rows,
+                               src_len, logits.dtype, shift=not before_softmax)
+
+        mask = relative.shared(("explicit-mask", bsz, start, end, offset, src_len, relative.bias_key(self.block),
+                                logits.dtype, attn_mask is not None, key_padding_mask is not None, before_softmax),
+                               mask)
         if mask is not None:
             logits.add_(mask)
-            del mask
         if before_softmax:
             return None, None, logits
         probs_float = utils.softmax(logits, dim=-1, onnx_trace=True) if self.onnx_trace else safe_softmax(logits)
         probs = self.dropout_module(probs_float.type_as(logits))
-        out = torch.matmul(probs, v)
-        values = relative.value_terms(probs.view(bsz * heads, rows, src_len), rows, src_len, offset, self.block)
-        if values is not None:
-            out = out + values.view(bsz, heads, rows, head_dim).to(out.dtype)
-        return out, (probs_float if need_probs else None), None
+        flat_probs = probs.view(bsz * heads, rows, src_len)
+        out = torch.bmm(flat_probs, v.reshape(bsz * heads, src_len, head_dim))
+        if not folded:
+            values = relative.value_terms(flat_probs, rows, src_len, offset, self.block)
+            if values is not None:
+                out = out + values.to(out.dtype)
+        return out.view(bsz, heads, rows, head_dim), (probs_float if need_probs else None), None

@@ -36,9 +36,16 @@ class AttentionCall:
     mask_dtype: Optional[str] = None
     mask_requires_grad: bool = False
     mask_contiguous_last: bool = True  # the last dimension has stride 1
+    mask_stride: Optional[Tuple[int, ...]] = None  # CUDA's memory-efficient kernel wants multiples of 8 or 16
     is_causal: bool = False
     dropout: bool = False
     backend: Optional[str] = None  # torch's choice for these arguments: FLASH_ATTENTION, EFFICIENT_ATTENTION, ...
+
+    def mask_aligned(self, alignment: int) -> bool:
+        """Whether the mask's rows (and the other dimensions it has) start at multiples of ``alignment`` elements,
+        as CUDA's memory-efficient kernel reads a mask without copying it."""
+        return self.mask_shape is None or all(stride % alignment == 0 for stride, size in
+                                              zip(self.mask_stride[:-1], self.mask_shape[:-1]) if size > 1)
 
     def as_dict(self):
         return asdict(self)
@@ -75,6 +82,7 @@ def recording(model):
                 call.mask_dtype = str(attn_mask.dtype).replace("torch.", "")
                 call.mask_requires_grad = attn_mask.requires_grad
                 call.mask_contiguous_last = attn_mask.stride(-1) == 1 or attn_mask.size(-1) == 1
+                call.mask_stride = tuple(attn_mask.stride())
             call.backend = chosen_backend(q, k, v, attn_mask, dropout_p, is_causal)
         calls.append(call)
 
@@ -84,3 +92,29 @@ def recording(model):
         yield calls
     finally:
         attention_module.observer = previous
+
+
+def argument_code(call: AttentionCall) -> str:
+    """What a call handed to SDPA, independent of sizes and device: ``none`` (no mask: FlashAttention's arguments),
+    ``causal`` (``is_causal=True``, no mask), ``mask DIMS`` (a float mask; DIMS says which of B, H, T, S it has, 1
+    where it broadcasts) with `` ∇`` when the mask carries a gradient, or the path taken without SDPA
+    (``blockwise``, ``explicit``, ``fairseq``)."""
+    if call.path != "fused":
+        return call.path
+    if call.is_causal:
+        return "causal"
+    if call.mask_shape is None:
+        return "none"
+    dims = "".join("1" if size == 1 else letter for letter, size in zip("BHTS", call.mask_shape))
+    return f"mask {dims}" + (" ∇" if call.mask_requires_grad else "")
+
+
+def argument_summary(calls: List[AttentionCall]) -> dict:
+    """role -> the distinct :func:`argument_code` of its calls, in the order of the layers, joined by ' + '."""
+    seen = {}
+    for call in calls:
+        codes = seen.setdefault(call.role, [])
+        code = argument_code(call)
+        if code not in codes:
+            codes.append(code)
+    return {role: " + ".join(codes) for role, codes in seen.items()}

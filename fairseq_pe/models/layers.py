@@ -154,9 +154,21 @@ class BlockPositionMixin:
 class PositionAwareEncoderLayer(BlockPositionMixin, TransformerEncoderLayerBase):
     attention_heads = "encoder"
 
+    def forward(self, x, encoder_padding_mask=None, *args, **kwargs):
+        # what fairseq's encoder decided for this pass (it hands the layers no mask when nothing is padded):
+        # read by TransformerPEEncoder, which then returns no padding mask to the cross-attention either
+        if self.position_injector is not None:
+            self.position_injector.source_padded = encoder_padding_mask is not None
+        return super().forward(x, encoder_padding_mask, *args, **kwargs)
+
 
 class PositionAwareDecoderLayer(BlockPositionMixin, TransformerDecoderLayerBase):
     attention_heads = "decoder"
+
+    def build_self_attention(self, *args, **kwargs):
+        attention = super().build_self_attention(*args, **kwargs)
+        attention.future_masked = True  # its attn_mask in a full pass is fairseq's future mask
+        return attention
 
     def build_encoder_attention(self, *args, **kwargs):
         return PositionAttention.adopt(super().build_encoder_attention(*args, **kwargs))

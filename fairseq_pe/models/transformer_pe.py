@@ -74,9 +74,18 @@ class TransformerPEEncoder(TransformerEncoderBase):
         return wrap_layer(PositionAwareEncoderLayer(cfg, return_fc=self.return_fc), cfg)
 
     def forward(self, src_tokens, *args, **kwargs):
+        injector = self.embed_positions
+        injector.source_padded = None
         # a direct call (not through the model) still solves FLOATER's ODE once for all blocks
-        with floater_pass(flow_of(self.embed_positions), src_tokens.size(1)):
-            return super().forward(src_tokens, *args, **kwargs)
+        with floater_pass(flow_of(injector), src_tokens.size(1)):
+            out = super().forward(src_tokens, *args, **kwargs)
+        if injector.source_padded is False:
+            # nothing is padded (fairseq's encoder has looked, and handed its layers no mask): no mask for the
+            # cross-attention either, which then runs without one (fairseq returns an all-False mask, which keeps
+            # every cross-attention from torch's FlashAttention kernel); fairseq's decoder and beam search read an
+            # empty list as no padding
+            out["encoder_padding_mask"] = []
+        return out
 
     def max_positions(self):
         # no hidden cap: only a table-based encoding limits the length

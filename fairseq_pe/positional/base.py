@@ -13,8 +13,7 @@ Two kinds of encoding plug in:
   with kind ``"relative"``.
 """
 
-import weakref
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -124,31 +123,20 @@ class PassState(dict):
         return type(self), ()
 
 
-class WeakCache:
-    """One cached tensor, keyed by plain values and by the identity of some tensors, that keeps
-    nothing alive: the value lasts as long as someone uses it (the layers of one forward pass, or
-    autograd until backward), so a cache never holds a T × S tensor between passes."""
+class PassContext(PassState):
+    """What the layers of one side share in one forward pass, or one step of step-by-step decoding: the rows'
+    positions, and what depends on positions only (RoPE's angles, a bias, the merged attention mask), computed once,
+    by the first layer that needs it, and read by the others.  The side's
+    :class:`~fairseq_pe.positional.injector.PositionInjector` opens a new one at every pass
+    (:meth:`RelativePositionEncoding.begin_pass`), so nothing is kept between passes and nothing is keyed on the
+    identity of a tensor (fairseq's future mask is a new tensor in every layer).  A copy of the module starts
+    without one (:class:`PassState`)."""
 
-    def __init__(self):
-        self._entry = None
-
-    def __deepcopy__(self, memo):  # a copy of the module (EMA, pickle) starts without the pass's value
-        return type(self)()
-
-    def __reduce__(self):
-        return type(self), ()
-
-    def get(self, key, tensors: Sequence[Optional[torch.Tensor]], compute: Callable[[], torch.Tensor]):
-        entry = self._entry
-        if entry is not None and entry[0] == key and all(
-                (ref is None and t is None) or (ref is not None and ref() is t) for ref, t in zip(entry[1], tensors)):
-            value = entry[2]()
-            if value is not None:
-                return value
-        value = compute()
-        self._entry = None if value is None else (
-            key, tuple(None if t is None else weakref.ref(t) for t in tensors), weakref.ref(value))
-        return value
+    def value(self, key, compute: Callable[[], torch.Tensor]):
+        """The pass's value of ``key``, computed by ``compute()`` the first time."""
+        if key not in self:
+            self[key] = compute()
+        return self[key]
 
 
 class PositionOutOfRangeError(UserError):
@@ -220,22 +208,25 @@ class RelativePositionEncoding(nn.Module):
     Self-attention of block ``block`` (1-based) computes, for queries q and keys k of shape
     (B, H, T, d) and (B, H, S, d), query i at index ``query_offset + i``:
 
-        q, k   = rotate(q, k, query_offset, block)                        (rotary encodings)
+        q, k   = rotate(q, k, query_offset, block, query_scale)           (rotary encodings; q times query_scale)
         logits = q·kᵀ/√d + position_bias(T, S, query_offset, block)       (ALiBi, T5: positions only)
                          + logit_terms(q, T, S, query_offset, block)      (Shaw family: q·a^K_{j−i})
         out    = probs·v + value_terms(probs, T, S, query_offset, block)  (Shaw family: Σ_j α_ij a^V_{j−i})
 
     A method returning ``None`` contributes nothing.  ``position_bias`` is (H, T, S) and broadcasts
     over the batch, or is (B, H, T, S) when the rows have positions of their own (:attr:`row_positions`,
-    :meth:`row_distances`: randomised positions, or left padding for an encoding that needs positions);
+    :meth:`row_distances`: randomised positions, or a padded pass for an encoding that needs positions);
     ``logit_terms`` takes the scaled queries flattened to (B·H, T, d) and returns a tensor that broadcasts
     to (B, H, T, S); ``value_terms`` takes (B·H, T, S) probabilities and returns (B·H, T, d).  ``causal``
     is True on the decoder side.
 
     What the attention can use depends on two class attributes: ``query_terms`` (the encoding has
     ``logit_terms``/``value_terms``, which need the probabilities: the attention computes them
-    explicitly, block by block) and :attr:`bias_requires_grad` (torch's fused kernel gives no
+    explicitly, block by block) and :attr:`bias_requires_grad` (torch's fused kernel on the CPU gives no
     gradient for its mask).  An encoding with neither runs entirely in torch's fused kernel.
+
+    The layers of a side share one encoding; what a pass computes from positions alone is kept in the pass's
+    :class:`PassContext` (:attr:`context`, :meth:`shared`) and computed once per pass or decoding step.
 
     Args:
         embed_dim: model dimension; ``head_dim`` = embed_dim / num_heads.
@@ -252,7 +243,7 @@ class RelativePositionEncoding(nn.Module):
     #: whether the encoding has query-dependent terms (``logit_terms``, ``value_terms``)
     query_terms = False
     #: whether the encoding depends on positions beyond their differences (FIRE's normaliser): then it gets the
-    #: rows' positions (:attr:`row_positions`) also when left padding is all that separates them from the indices
+    #: rows' positions (:attr:`row_positions`) also when padding is all that separates them from the indices
     needs_positions = False
 
     def __init__(self, embed_dim: int, num_heads: int, num_blocks: int, causal: bool, args=None):
@@ -271,18 +262,59 @@ class RelativePositionEncoding(nn.Module):
         self.head_dim = embed_dim // num_heads
         self.num_blocks = num_blocks
         self.causal = causal
-        #: the attention mask built from ``position_bias`` and the pass's masks, shared by the layers
-        self.mask_cache = WeakCache()
-        #: (B, S) positions of every key index of the current pass (−1 at padding), set by the injector when they
-        #: are not the indices (``--pe-random-positions``; left padding for :attr:`needs_positions`), else None
-        self.row_positions: Optional[torch.Tensor] = None
-        #: an exclusive upper bound of :attr:`row_positions`, known without reading them (no host sync)
-        self.row_position_bound: Optional[int] = None
+        #: what the layers share in the pass under way (:meth:`begin_pass`)
+        self.context = PassContext()
+        #: whether the layers' forward is recomputed in backward (``--checkpoint-activations``)
+        self.recomputed = bool(getattr(args, "checkpoint_activations", False))
+
+    def begin_pass(self, positions: Optional[torch.Tensor] = None, bound: Optional[int] = None,
+                   sampled: bool = False):
+        """A new pass (or decoding step) of this side: the rows' positions (B, S) of every key index (−1 at padding;
+        all below ``bound``, an exclusive bound known without reading them) when they are not the indices, i.e.
+        ``sampled`` (randomised positions), or for an encoding that :attr:`needs_positions`, which uses them when
+        the pass is padded (:meth:`note_padding`)."""
+        self.context = PassContext(rows=positions, bound=bound, sampled=sampled and positions is not None)
 
     def set_row_positions(self, positions: Optional[torch.Tensor], bound: Optional[int] = None):
-        """Give the pass's rows their own positions (B, S), all below ``bound`` (−1 at padding), or None."""
-        self.row_positions = positions
-        self.row_position_bound = None if positions is None else bound
+        """A pass whose rows have the positions ``positions`` (B, S), all below ``bound``, or the indices (None)."""
+        self.begin_pass(positions, bound, sampled=True)
+
+    def note_padding(self, padded: bool):
+        """The attention of this pass has keys at padding (fairseq hands it a padding mask): with left padding the
+        rows' positions differ from the indices (told without reading the tokens: fairseq has already looked)."""
+        self.context["padded"] = padded
+
+    @property
+    def row_positions(self) -> Optional[torch.Tensor]:
+        """(B, S) positions of every key index of the pass (−1 at padding) where they are not the indices: sampled,
+        or the rows of a padded pass for an encoding that :attr:`needs_positions`; else None."""
+        context = self.context
+        if context.get("sampled") or (self.needs_positions and context.get("padded")):
+            return context.get("rows")
+        return None
+
+    @property
+    def row_position_bound(self) -> Optional[int]:
+        """An exclusive upper bound of :attr:`row_positions`, known without reading them (no host sync)."""
+        return self.context.get("bound")
+
+    def shared(self, key, compute: Callable[[], torch.Tensor], keep_graph: bool = False):
+        """The pass's value of ``key``: what depends on positions only, computed once per pass or decoding step by
+        the first layer that asks and read by the others.  A value that carries a gradient (a learned bias in
+        training) is kept only with ``keep_graph`` (the fused path, where the layers' gradients add up in the one
+        graph), never where a layer's work is recomputed in backward (the blockwise path,
+        ``--checkpoint-activations``: :attr:`recomputed`), which needs a graph of its own."""
+        # a value computed without autograd (evaluation, or the forward pass of --checkpoint-activations) is never
+        # handed to a computation that records it (the recomputation in backward): it would carry no gradient
+        key = (key, torch.is_grad_enabled())
+        context = self.context
+        if key in context:
+            return context[key]
+        value = compute()
+        values = value if isinstance(value, tuple) else (value,)
+        if keep_graph or not any(torch.is_tensor(v) and v.requires_grad for v in values):
+            context[key] = value
+        return value
 
     def row_distances(self, tgt_len: int, src_len: int, query_offset: int) -> Optional[torch.Tensor]:
         """(B, T, S) signed distances j − i between the pass's row positions of key j and query i (query row r
@@ -294,17 +326,24 @@ class RelativePositionEncoding(nn.Module):
         return positions[:, :src_len].unsqueeze(1) - queries.unsqueeze(2)
 
     @property
+    def adds_bias(self) -> bool:
+        """Whether the encoding has a ``position_bias`` (the attention then passes a float mask, never only
+        ``is_causal``)."""
+        return type(self).position_bias is not RelativePositionEncoding.position_bias
+
+    @property
     def bias_requires_grad(self) -> bool:
         """Whether ``position_bias`` depends on trainable parameters."""
         return False
 
     def bias_key(self, block: int):
-        """Blocks with equal keys get the same ``position_bias`` (shared by all layers unless untied); an
-        encoding with parameters includes what changes when they change (their version counters)."""
+        """Blocks with equal keys get the same ``position_bias`` (shared by all layers unless untied)."""
         return 0
 
-    def rotate(self, q, k, query_offset: int, block: int):
-        return q, k
+    def rotate(self, q, k, query_offset: int, block: int, query_scale: float = 1.0):
+        """The queries and keys of the pass's new positions, rotated (RoPE); the queries also times
+        ``query_scale`` (1/√d where the attention computes its logits itself: one product fewer per layer)."""
+        return (q if query_scale == 1.0 else q * query_scale), k
 
     def position_bias(self, tgt_len: int, src_len: int, query_offset: int, block: int):
         return None

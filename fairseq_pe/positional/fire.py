@@ -17,8 +17,9 @@ rows' positions over, :attr:`row_positions`, as it does for randomised positions
 Evaluation.  f is a ReLU network of one scalar with one hidden layer, so it is piecewise linear in its input x,
 with at most 33 pieces, cut where a hidden unit switches (x = −b₁ₖ/w₁ₖ): on each piece f(x) = A·x + B, with A and B
 the sums of w₂·w₁ and w₂·b₁ over the units that are on there.  The bias of every (query, key) pair is computed
-that way (:meth:`FirePositionBias.network_at`): the quotient x of each pair, its piece, then one multiply-add per
-head, instead of the 32 hidden units of every pair: no (B, T, S, 32) tensor (512 MiB per layer at T = 1024 and
+that way (:meth:`FirePositionBias.network_at`, but for a few hundred pairs, such as one step of step-by-step
+decoding): the quotient x of each pair, its piece, then one multiply-add per head, instead of the 32 hidden units of
+every pair: no (B, T, S, 32) tensor (512 MiB per layer at T = 1024 and
 B = 4), the values of :meth:`FirePositionBias.network` to float rounding, and the same gradients (those of the
 units on at x).  Nothing is read back to the host: the bias is computed per pair whatever the threshold.
 
@@ -34,7 +35,7 @@ import torch.nn as nn
 
 from fairseq_pe.errors import UserError
 
-from .base import Float32State, RelativePositionEncoding, WeakCache, option, register_position_encoding
+from .base import Float32State, RelativePositionEncoding, option, register_position_encoding
 
 HIDDEN = 32
 C_INIT = 0.1
@@ -44,6 +45,8 @@ DEFAULT_THRESHOLD = 512
 MAX_THRESHOLD = 1e30
 #: without autograd, biases of more elements than this are computed one head at a time (no (H, ...) temporaries)
 HEADWISE_ELEMENTS = 1 << 22
+#: inputs of at most this many hidden activations (elements × 32) go through the network itself (:meth:`network_at`)
+DIRECT_ELEMENTS = 1 << 14
 
 
 @register_position_encoding("relative", "fire")
@@ -70,14 +73,13 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
         self.b2 = nn.Parameter(torch.stack([b.bias.detach() for _, b in layers]))  # (n, H)
         self.c = nn.Parameter(torch.full((n,), C_INIT))
         self.threshold_scale = nn.Parameter(torch.ones(n))  # λ: L = |λ|·L₀
-        self._cache = WeakCache()
 
     @property
     def bias_requires_grad(self) -> bool:
         return any(p.requires_grad for p in self.parameters())
 
     def bias_key(self, block):
-        return (block - 1 if self.untie_layers else 0,) + tuple(p._version for p in self.parameters())
+        return block - 1 if self.untie_layers else 0
 
     def function_input(self, i: torch.Tensor, j: torch.Tensor, index: int) -> torch.Tensor:
         """The quotient fed to f for query positions ``i`` and key positions ``j`` (broadcastable)."""
@@ -107,7 +109,13 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
         return cuts, (on * w1) @ w2, (on * b1) @ w2 + b2
 
     def network_at(self, x: torch.Tensor, index: int) -> torch.Tensor:
-        """f_θ of every element of ``x``, head first: (H, *x.shape); the values of :meth:`network` to rounding."""
+        """f_θ of every element of ``x``, head first: (H, *x.shape); the values of :meth:`network` to rounding.
+        Few elements (a step of step-by-step decoding: one query row) go through the network itself, in fewer
+        operations than finding the pieces."""
+        if x.numel() * HIDDEN <= DIRECT_ELEMENTS:  # relu(x·w₁ + b₁)·w₂ + b₂, head first: three kernels
+            hidden = torch.relu(torch.addcmul(self.b1[index], x.unsqueeze(-1), self.w1[index]))
+            out = torch.addmm(self.b2[index].unsqueeze(1), self.w2[index].t(), hidden.reshape(-1, HIDDEN).t())
+            return out.view((self.num_heads,) + x.shape)
         cuts, slopes, intercepts = self.pieces(index)
         piece = torch.searchsorted(cuts, x.detach().contiguous(), out_int32=True)
         slopes, intercepts = slopes.t(), intercepts.t()  # (H, pieces)
@@ -134,6 +142,5 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
             j = positions[:, :src_len].to(device).unsqueeze(1)
             return self.network_at(self.function_input(i, j, index), index).transpose(0, 1)
 
-        if self.bias_requires_grad and torch.is_grad_enabled():
-            return bias()  # a new graph for every block of rows (the blockwise path recomputes it in backward)
-        return self._cache.get((tgt_len, src_len, query_offset) + self.bias_key(block), (positions,), bias)
+        # once per pass without a gradient to carry; in training a new graph for every layer (and block of rows)
+        return self.shared(("fire", tgt_len, src_len, query_offset, index, positions is not None), bias)

@@ -55,13 +55,9 @@ def lookup(positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 def gather_plan(positions: torch.Tensor):
     """What :func:`lookup_time_major` needs, computed once per forward pass: the row of each
-    token in time-major order, shifted by one so that padding (-1) picks a zero row.
-
-    When every row has the same positions (no padding: e.g. each step of beam search) the
-    plan gathers one row per time step, (T, 1, ·), which broadcasts over the batch.
+    token in time-major order, shifted by one so that padding (-1) picks a zero row.  (Whether every row has
+    the same positions is not asked: the answer would be a host sync.)
     """
-    if positions.size(0) > 1 and bool((positions == positions[:1]).all()):
-        return positions[0] + 1, (1, positions.size(1))
     return (positions + 1).t().reshape(-1), positions.shape
 
 
@@ -96,6 +92,8 @@ class PositionInjector(nn.Module):
         self.length = 0  # 1 + the largest position of the current forward pass
         self._plan = self._source_plan = None  # gather plans of this side's / the source's positions
         self._rows = PassState()  # FLOATER biases of the current pass: kind -> one (T, B, D) tensor per projection
+        #: the encoder's pass under way: whether fairseq handed its layers a padding mask (None: no layer ran)
+        self.source_padded: Optional[bool] = None
 
     @property
     def max_positions(self) -> int:
@@ -125,13 +123,15 @@ class PositionInjector(nn.Module):
         sampled = self.random_positions is not None and (self.training or not self.causal)
         if sampled:  # evaluation: each sentence's own fixed draw (reproducible whatever the batch)
             positions = sample_positions(positions, self.random_positions, None if self.training else tokens)
+        # every position is below this bound, known without reading them (a host sync): the table's length
+        bound = self.random_positions if sampled else tokens.size(1)
         if self.relative is not None:
-            # the rows' own positions, where they are not the indices: sampled, or shifted by left padding for an
-            # encoding that needs more than their differences (all of them: the keys so far while decoding)
-            shifted = self.relative.needs_positions and bool(tokens[:, 0].eq(self.padding_idx).any())
-            self.relative.set_row_positions(positions if sampled or shifted else None,
-                                            self.random_positions if sampled else tokens.size(1))
-        self.length = max(int(positions.max()) + 1, 1) if positions.numel() else 1
+            # a new pass of the side's relative encoding, with the rows' own positions where they are not the
+            # indices: sampled, or for an encoding that needs more than their differences (FIRE), which uses them if
+            # the pass is padded (the keys so far, while decoding)
+            needed = sampled or self.relative.needs_positions
+            self.relative.begin_pass(positions if needed else None, bound, sampled)
+        self.length = max(bound, 1)
         if incremental_state is not None:
             positions = positions[:, -1:]
         self.positions = positions
@@ -159,7 +159,7 @@ class PositionInjector(nn.Module):
             self.source_positions = torch.arange(src_len, device=device).unsqueeze(0).expand(batch, src_len)
         else:
             self.source_positions = torch.cumsum(~encoder_padding_mask, dim=1) * (~encoder_padding_mask) - 1
-        self.source_length = max(int(self.source_positions.max()) + 1, 1) if self.source_positions.numel() else 1
+        self.source_length = max(src_len, 1)  # a bound of the positions, known without reading them
         self._source_plan = gather_plan(self.source_positions)
 
     def attention_bias(self, kind: str, block: int, index: int) -> torch.Tensor:

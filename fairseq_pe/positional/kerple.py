@@ -4,8 +4,11 @@ a logit bias per head from a conditionally positive definite kernel of the dista
     kerple-log:    logits_ij += −r₁·log(1 + r₂·|i − j|)        (Eq. 8, the "logarithmic variant")
     kerple-power:  logits_ij += −r₁·|i − j|^r₂,  0 < r₂ ≤ 2     (Eq. 7, the "power variant")
 
-with r₁, r₂ > 0 learned for every head of every layer (as in the official implementation, one
-module per attention layer).  Positivity is kept as the official code keeps it, by projection after each
+with r₁, r₂ > 0 learned for every head and shared by all layers, as the authors' code does (chijames/KERPLE,
+``megatron/model/gpt2_model.py``: one ``ParallelKerplePower``/``ParallelKerpleLog`` module, ``rpe_emb``, is handed to
+every transformer layer: 2·H parameters per side); ``--pe-relative-untie-layers`` gives every layer its own.
+Checkpoints of fairseq-pe up to this change were trained with one pair per layer and load as they were trained
+(:meth:`_Kerple._load_from_state_dict`).  Positivity is kept as the official code keeps it, by projection after each
 update: r₁, r₂ into [ε, ∞), and r₂ of the power variant into [ε, 2], ε = 0.01 (a projected-gradient step; the
 official code's ``param.data = param.data.clamp(...)``).  The projection is applied to the copy the optimizer
 updates, also fairseq's float32 master copy under ``--fp16``/``--bf16`` (:func:`~.base.constrain`), so the
@@ -19,19 +22,25 @@ the log variant's r₁ ~ U(0, 2) and r₂ ~ U(0, 1); the power variant's r₁ ~ 
 paper's causal form.  No length limit.
 """
 
+import logging
+
 import torch
 import torch.nn as nn
 
 from .base import Float32State, RelativePositionEncoding, constrain, register_position_encoding
+
+logger = logging.getLogger(__name__)
 
 EPS = 0.01
 POWER_MAX = 2.0
 
 
 class _Kerple(Float32State, RelativePositionEncoding):
-    """r₁, r₂ of shape (layers, heads); subclasses define :meth:`kernel`."""
+    """r₁, r₂ of shape (1, heads), or (layers, heads) with ``--pe-relative-untie-layers``; subclasses define
+    :meth:`kernel`."""
 
-    already_untied = ("layers", "heads")  # per layer and head, as in the paper
+    untiable = ("layers",)
+    already_untied = ("heads",)  # per head, as in the paper
     #: the largest r₂ (the power variant's exponent is at most 2; the log variant's r₂ is unbounded)
     r2_max = None
     #: U(0, scale) initialisation of r₁ and r₂ (the official code's)
@@ -39,19 +48,37 @@ class _Kerple(Float32State, RelativePositionEncoding):
 
     def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
         super().__init__(embed_dim, num_heads, num_blocks, causal, args)
-        self.r1 = constrain(nn.Parameter(torch.rand(num_blocks, num_heads) * self.init_scales[0]), EPS)
-        self.r2 = constrain(nn.Parameter(torch.rand(num_blocks, num_heads) * self.init_scales[1]), EPS, self.r2_max)
+        self.untie_layers = bool(getattr(args, "pe_relative_untie_layers", False))
+        tables = num_blocks if self.untie_layers else 1
+        self.r1 = constrain(nn.Parameter(torch.rand(tables, num_heads) * self.init_scales[0]), EPS)
+        self.r2 = constrain(nn.Parameter(torch.rand(tables, num_heads) * self.init_scales[1]), EPS, self.r2_max)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # a checkpoint from before the sharing: one pair per layer, as it was trained (the model takes its shape)
+        stored = state_dict.get(prefix + "r1")
+        if stored is not None and not self.untie_layers and stored.dim() == 2 and stored.size(0) == self.num_blocks \
+                and self.num_blocks > 1:
+            logger.info(f"{prefix}: KERPLE parameters per layer (a checkpoint of fairseq-pe before they were shared): "
+                        "loaded per layer, as trained")
+            self.untie_layers = True
+            device = self.r1.device
+            self.r1 = constrain(nn.Parameter(torch.empty(stored.shape, device=device)), EPS)
+            self.r2 = constrain(nn.Parameter(torch.empty(stored.shape, device=device)), EPS, self.r2_max)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     @property
     def bias_requires_grad(self) -> bool:
         return self.r1.requires_grad or self.r2.requires_grad
 
     def bias_key(self, block):
-        return block, self.r1._version, self.r2._version
+        return block if self.untie_layers else 0
 
     def parameters_in_range(self, block: int):
         """r₁, r₂ of ``block`` (H each) as the forward pass uses them: clamped into their ranges (no host sync)."""
-        return self.r1[block - 1].clamp(min=EPS), self.r2[block - 1].clamp(min=EPS, max=self.r2_max)
+        index = self.bias_key(block) - 1 if self.untie_layers else 0
+        return self.r1[index].clamp(min=EPS), self.r2[index].clamp(min=EPS, max=self.r2_max)
 
     def kernel(self, distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -59,6 +86,11 @@ class _Kerple(Float32State, RelativePositionEncoding):
     def position_bias(self, tgt_len, src_len, query_offset, block):
         """(H, T, S) biases, from the T + S − 1 distinct distances (a Toeplitz view, as T5's); (B, H, T, S) from
         the rows' own positions when they have them."""
+        return self.shared(("kerple", tgt_len, src_len, query_offset, self.bias_key(block),
+                            self.row_positions is not None),
+                           lambda: self._bias(tgt_len, src_len, query_offset, block))
+
+    def _bias(self, tgt_len, src_len, query_offset, block):
         r1, r2 = self.parameters_in_range(block)
         rows = self.row_distances(tgt_len, src_len, query_offset)
         if rows is not None:  # the rows' own positions (randomised): (B, H, T, S)

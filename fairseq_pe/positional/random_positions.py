@@ -43,8 +43,10 @@ def sample_positions(positions: torch.Tensor, limit: int, tokens: torch.Tensor =
     generator, or, given the rows' ``tokens``, one fixed per sentence (drawn from its tokens: evaluation)."""
     real = positions.ge(0)
     lengths = real.sum(dim=1)
-    longest = int(lengths.max()) if lengths.numel() else 0
-    if longest == 0:
+    # the longest row is taken to be the batch's width, as fairseq batches (every row padded to the longest), so
+    # that nothing is read from the tensors (a host sync); a narrower longest row only draws more keys than it uses
+    longest = positions.size(1)
+    if positions.size(0) == 0 or longest == 0:
         return positions
     if longest > limit:
         raise UserError(f"--pe-random-positions {limit}: a sequence of {longest} tokens has no {longest} distinct "

@@ -31,7 +31,7 @@ import torch.nn as nn
 
 from fairseq_pe.errors import UserError
 
-from .base import Float32State, RelativePositionEncoding, WeakCache, option, register_position_encoding, relative_distances
+from .base import Float32State, RelativePositionEncoding, option, register_position_encoding, relative_distances
 from .sinusoid_scale import ScaledSinusoids, scale_of
 from .sinusoidal import sinusoid, transformer_frequencies
 
@@ -53,7 +53,6 @@ class _RelativeVectors(RelativePositionEncoding):
         self.untie_heads = bool(getattr(args, "pe_relative_untie_heads", False))
         self.num_tables = num_blocks if self.untie_layers else 1
         self.num_distances = 2 * self.max_distance + 1
-        self._index_cache = WeakCache()
 
     def table(self, block: int) -> int:
         return block - 1 if self.untie_layers else 0
@@ -70,7 +69,22 @@ class _RelativeVectors(RelativePositionEncoding):
             dist = relative_distances(tgt_len, src_len, query_offset, device) if rows is None else rows.unsqueeze(1)
             return dist.to(device).clamp(-self.max_distance, self.max_distance) + self.max_distance
 
-        return self._index_cache.get((tgt_len, src_len, query_offset, device), (self.row_positions,), compute)
+        return self.shared(("distance-index", tgt_len, src_len, query_offset), compute)
+
+    def folded_vectors(self, src_len, query_offset, block):
+        """For one query at index ``query_offset``: (a^K, a^V) of its distance to every key, (S, d), or (H, S, d)
+        per head, or (B, ·, S, d) for rows with positions of their own, to be added to the keys and values
+        (q·(k_j + a^K_{j−i}) is q·k_j + the logit term, Σ_j α_ij (v_j + a^V_{j−i}) the output plus the value term).
+        Once per decoding step (when the vectors do not learn)."""
+        def compute():
+            a_key, a_value = self.vectors(block)
+            index = self.distance_index(1, src_len, query_offset, a_key.device)  # (1, S) or (B, 1, 1, S)
+            index = index.reshape(-1, src_len) if index.dim() == 4 else index.view(src_len)
+            if a_key.dim() == 3:  # per head: (H, 2K+1, d) -> (H, S, d), or (B, H, S, d) per row
+                return tuple(v[:, index].movedim(0, 1) if index.dim() == 2 else v[:, index] for v in (a_key, a_value))
+            return tuple(v[index].unsqueeze(-3) if index.dim() == 2 else v[index] for v in (a_key, a_value))
+
+        return self.shared(("folded", src_len, query_offset, self.table(block)), compute)
 
     def logit_terms(self, q, tgt_len, src_len, query_offset, block):
         a_key, _ = self.vectors(block)
@@ -90,7 +104,7 @@ class _RelativeVectors(RelativePositionEncoding):
         per_distance = probs.new_zeros(bsz, self.num_heads, tgt_len, self.num_distances)
         per_distance.scatter_add_(-1, index.expand(bsz, self.num_heads, tgt_len, src_len), probs)
         out = torch.matmul(per_distance, a_value.to(probs.dtype))
-        return out.view(bsz * self.num_heads, tgt_len, self.head_dim)
+        return out.reshape(bsz * self.num_heads, tgt_len, self.head_dim)
 
 
 @register_position_encoding("relative", "learned")
@@ -123,13 +137,16 @@ class _SinusoidalRelative(ScaledSinusoids, Float32State, _RelativeVectors):
         raise NotImplementedError
 
     def vectors(self, block):
-        omega = self.frequencies(block)
-        distances = torch.arange(-self.max_distance, self.max_distance + 1, device=omega.device)
-        if omega.dim() == 2:  # per head: (H, d/2) -> (H, 2K+1, d)
-            table = torch.stack([sinusoid(distances, w, self.head_dim) for w in omega])
-        else:
-            table = sinusoid(distances, omega, self.head_dim)
-        table = self.scaled(table)
+        def compute():
+            omega = self.frequencies(block)
+            distances = torch.arange(-self.max_distance, self.max_distance + 1, device=omega.device)
+            if omega.dim() == 2:  # per head: (H, d/2) -> (H, 2K+1, d)
+                table = torch.stack([sinusoid(distances, w, self.head_dim) for w in omega])
+            else:
+                table = sinusoid(distances, omega, self.head_dim)
+            return self.scaled(table)
+
+        table = self.shared(("vectors", self.table(block)), compute)  # once per pass when nothing in it learns
         return table, table
 
 

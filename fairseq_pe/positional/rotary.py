@@ -29,7 +29,7 @@ so that a scaling given at load time is not overwritten by the unscaled copy.
 import math
 
 import torch
-from rotary_embedding_torch import RotaryEmbedding, apply_rotary_emb
+from rotary_embedding_torch import RotaryEmbedding
 
 from fairseq_pe.errors import UserError
 
@@ -135,17 +135,43 @@ class RotaryPositionEncoding(Float32State, RelativePositionEncoding):
             return None
         return self.row_positions[:, query_offset:query_offset + length].to(device)
 
-    def rotate(self, q, k, query_offset, block):
-        # q, k: (B, H, T, d); new keys sit at the same indices as the queries
-        positions = self.query_positions(q.size(-2), query_offset, q.device)
-        if positions is not None:  # the rows' own positions: angles per row, (B, 1, T, d)
-            freqs = self.rotary(positions.float() / self.rotary.interpolate_factor).unsqueeze(1)
-            return (apply_rotary_emb(freqs, q.float(), scale=self.qk_scale).to(q.dtype),
-                    apply_rotary_emb(freqs, k.float(), scale=self.qk_scale).to(k.dtype))
-        rotate = self.rotary.rotate_queries_or_keys
-        rotated_q = rotate(q.float(), offset=query_offset, scale=self.qk_scale).to(q.dtype)
-        rotated_k = rotate(k.float(), offset=query_offset, scale=self.qk_scale).to(k.dtype)
-        return rotated_q, rotated_k
+    def rotations(self, length: int, query_offset: int, device, query_scale: float = 1.0):
+        """The rotations of the pass's new queries (times ``query_scale``) and keys, complex (T, d/2), or
+        (B, 1, T, d/2) for rows with positions of their own: computed once per pass (or decoding step) and shared by
+        the side's layers."""
+        positions = self.query_positions(length, query_offset, device)
+
+        def compute():
+            rotate_q, rotate_k = self._rotations(length, query_offset, positions, device)
+            return (rotate_q if query_scale == 1.0 else rotate_q * query_scale), rotate_k
+
+        return self.shared(("rotations", length, query_offset, positions is not None, query_scale), compute)
+
+    def _rotations(self, length, query_offset, positions, device):
+        """R(m) as complex numbers per frequency pair, e^(i·m·θ) times the queries' and keys' scale (YaRN's)."""
+        angles = self.angles(length, query_offset, positions, device)
+        scale = torch.full_like(angles, self.qk_scale)
+        rotation = torch.polar(scale, angles)
+        return rotation, rotation
+
+    def angles(self, length, query_offset, positions, device):
+        """m·θ_i for the pass's new positions m (float32): the library's frequencies and position interpolation,
+        (T, d/2), or (B, 1, T, d/2) for positions per row."""
+        if positions is None:  # as rotary-embedding-torch's get_seq_pos: (arange + offset) / factor, float32
+            t = (torch.arange(length, device=device, dtype=torch.float32) + query_offset)
+        else:
+            t = positions.float().unsqueeze(1)
+        return (t / self.rotary.interpolate_factor).unsqueeze(-1) * self.rotary.freqs  # its einsum, one product
+
+    def rotated_dtype(self, dtype, length, query_offset):
+        return dtype
+
+    def rotate(self, q, k, query_offset, block, query_scale=1.0):
+        # q, k: (B, H, T, d); new keys sit at the same indices as the queries.  Each pair of dimensions (2i, 2i+1)
+        # rotates by m·θ_i (rotary-embedding-torch's layout): a complex product, computed in float32
+        rotate_q, rotate_k = self.rotations(q.size(-2), query_offset, q.device, query_scale)
+        dtype = self.rotated_dtype(q.dtype, q.size(-2), query_offset)
+        return rotated(q, rotate_q, dtype), rotated(k, rotate_k, dtype)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
@@ -155,6 +181,14 @@ class RotaryPositionEncoding(Float32State, RelativePositionEncoding):
             state_dict[key] = self.rotary.freqs.detach().clone()
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+
+
+def rotated(x: torch.Tensor, rotation: torch.Tensor, dtype) -> torch.Tensor:
+    """``x`` (..., T, d) with each pair of dimensions (2i, 2i+1), read as a complex number, times ``rotation``
+    (..., T, d/2), in float32: x₂ᵢ·cos − x₂ᵢ₊₁·sin and x₂ᵢ·sin + x₂ᵢ₊₁·cos times the rotation's magnitude, which is
+    rotary-embedding-torch's ``apply_rotary_emb`` (``t·cos + rotate_half(t)·sin``) in three operations."""
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * rotation).flatten(-2).to(dtype)
 
 
 #: xPos's γ and B (Sun et al. 2022, §3.2: ζ_i = (2i/d + γ)/(1 + γ), scale base B = 512)
@@ -185,28 +219,36 @@ class XposPositionEncoding(RotaryPositionEncoding):
         super().__init__(embed_dim, num_heads, num_blocks, causal, args)
         d = self.head_dim
         zeta = (torch.arange(0, d, 2, dtype=torch.float64) / d + XPOS_GAMMA) / (1 + XPOS_GAMMA)
-        # per dimension, as the library lays out its rotation pairs (each frequency on two adjacent dimensions)
-        self.register_buffer("log_zeta", zeta.log().float().repeat_interleave(2), persistent=False)
+        self.register_buffer("log_zeta", zeta.log().float(), persistent=False)  # per frequency pair
         self.max_length = int(80 / (-float(zeta.log().min())) * XPOS_SCALE_BASE)  # |exponent| <= 80 < ln(3.4e38)
 
-    def rotate(self, q, k, query_offset, block):
-        q, k = super().rotate(q, k, query_offset, block)
-        if not self.causal:
-            return q, k
-        length = q.size(-2)
-        positions = self.query_positions(length, query_offset, q.device)
-        if positions is None:
-            last = query_offset + length - 1
-            positions = torch.arange(query_offset, query_offset + length, device=q.device)
-        else:  # the rows' own positions: (B, 1, T) (padding's −1 gets a harmless scale; it is masked)
-            last = self.row_position_bound - 1  # known without reading the positions (no host sync)
-            positions = positions.unsqueeze(1)
-        if last >= self.max_length:
-            raise UserError(f"--pe-relative xpos: position {last} is beyond the {self.max_length} positions whose "
-                            "scales float32 can hold; use --pe-relative rope for longer sequences")
+    def last_position(self, length, query_offset) -> int:
+        """The largest position of the pass's new queries, known without reading the positions (no host sync)."""
+        if self.query_positions(length, query_offset, None) is None:
+            return query_offset + length - 1
+        return self.row_position_bound - 1  # the rows' own positions: below their bound
+
+    def rotated_dtype(self, dtype, length, query_offset):
         # in fp16 the key's scale ζ^(−m/B) times the key leaves the range from a few thousand positions (and the
         # query's underflows): past FP16_SCALED_LENGTH the scaled queries and keys stay float32 (the attention
         # then runs in float32; cached keys of earlier steps are promoted); bf16 has float32's range
-        dtype = torch.float32 if q.dtype == torch.float16 and last >= FP16_SCALED_LENGTH else q.dtype
-        exponent = positions.float().unsqueeze(-1) / XPOS_SCALE_BASE * self.log_zeta  # (..., T, d)
-        return (q.float() * exponent.exp()).to(dtype), (k.float() * (-exponent).exp()).to(dtype)
+        if not self.causal or dtype != torch.float16:
+            return dtype
+        return torch.float32 if self.last_position(length, query_offset) >= FP16_SCALED_LENGTH else dtype
+
+    def _rotations(self, length, query_offset, positions, device):
+        angles = self.angles(length, query_offset, positions, device)
+        if not self.causal:  # the encoder: plain RoPE (class docstring)
+            rotation = torch.polar(torch.ones_like(angles), angles)
+            return rotation, rotation
+        last = self.last_position(length, query_offset)
+        if last >= self.max_length:
+            raise UserError(f"--pe-relative xpos: position {last} is beyond the {self.max_length} positions whose "
+                            "scales float32 can hold; use --pe-relative rope for longer sequences")
+        if positions is None:
+            positions = torch.arange(query_offset, query_offset + length, device=device)
+        else:  # the rows' own positions: (B, 1, T) (padding's −1 gets a harmless scale; it is masked)
+            positions = positions.unsqueeze(1)
+        exponent = positions.float().unsqueeze(-1) / XPOS_SCALE_BASE * self.log_zeta  # (..., T, d/2)
+        # the queries' rotation scaled by ζ^(n/B), the keys' by ζ^(−m/B)
+        return torch.polar(exponent.exp(), angles), torch.polar((-exponent).exp(), angles)

@@ -20,7 +20,7 @@ import torch
 
 from fairseq_pe.errors import UserError
 
-from .base import Float32State, RelativePositionEncoding, WeakCache, option, register_position_encoding
+from .base import Float32State, RelativePositionEncoding, option, register_position_encoding
 
 
 def sandwich_bias(distance: torch.Tensor, dim: int, num_heads: int) -> torch.Tensor:
@@ -43,7 +43,6 @@ class SandwichPositionBias(Float32State, RelativePositionEncoding):
         if self.dim < 2 or self.dim % 2:
             raise UserError(f"--pe-sandwich-dim must be an even number of at least 2 (the sinusoids' dimension), "
                             f"got {self.dim}")
-        self._cache = WeakCache()
         self.register_buffer("anchor", torch.zeros(0), persistent=False)  # follows the model's device
 
     def position_bias(self, tgt_len, src_len, query_offset, block):
@@ -56,7 +55,7 @@ class SandwichPositionBias(Float32State, RelativePositionEncoding):
                 table = sandwich_bias(torch.arange(-bound, bound + 1, device=rows.device), self.dim, self.num_heads)
                 return table[:, rows + bound].transpose(0, 1)
 
-            return self._cache.get((tgt_len, src_len, query_offset, "rows"), (self.row_positions,), per_row)
+            return self.shared(("sandwich-rows", tgt_len, src_len, query_offset), per_row)
 
         def bias():
             # T + S − 1 distinct distances, viewed as (H, T, S) (a Toeplitz view, as T5's)
@@ -65,4 +64,4 @@ class SandwichPositionBias(Float32State, RelativePositionEncoding):
             return sandwich_bias(distance, self.dim, self.num_heads).unfold(1, src_len, 1).flip(1)
 
         # the same bias serves every layer of a pass
-        return self._cache.get((tgt_len, src_len, query_offset, self.anchor.device), (), bias)
+        return self.shared(("sandwich", tgt_len, src_len, query_offset), bias)

@@ -74,12 +74,15 @@ class T5PositionBias(Float32State, RelativePositionEncoding):
         return self.bias.requires_grad
 
     def bias_key(self, block):
-        # the table's version counter: a bias cached before an update of the table is never reused
-        return (block if self.untie_layers else 0), self.bias._version
+        return block if self.untie_layers else 0
 
     def position_bias(self, tgt_len, src_len, query_offset, block):
         """(H, T, S) biases b_h[bucket(j − i)].  They depend on j − i only: the T + S − 1 distances are
         bucketed and looked up once, and the (T, S) matrix is a view of their windows (Toeplitz)."""
+        return self.shared(("t5", tgt_len, src_len, query_offset, self.bias_key(block), self.row_positions is not None),
+                           lambda: self._bias(tgt_len, src_len, query_offset, block))
+
+    def _bias(self, tgt_len, src_len, query_offset, block):
         table = self.bias[block - 1 if self.untie_layers else 0].t()  # (H, buckets)
         rows = self.row_distances(tgt_len, src_len, query_offset)
         if rows is not None:  # the rows' own positions (randomised): (B, H, T, S)

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Host syncs per training step and operators per decoding step, for every encoding and stock fairseq.
+
+    python scripts/count_ops.py                       # every system, a 6+6-layer model, the table on stdout
+    python scripts/count_ops.py --systems rope t5 --json counts.json
+
+On a GPU a training step is bound by kernel launches and host syncs, step-by-step decoding by launches; both are
+counted here on the CPU, where the same operators run (:mod:`fairseq_pe.models.op_count`): every operator that
+reaches torch's kernels, and those after which the host holds a tensor's value (``.item()``, ``bool()`` of a tensor,
+data-dependent sizes).
+
+* **training step**: fairseq's own ``Trainer.train_step`` (forward, backward, gradient norm, Adam) on a padded batch
+  of 4 sentences, the second step of a fresh trainer (the first builds the optimizer); stock fairseq's
+  ``transformer_wmt_en_de`` of the same size is measured the same way: its own syncs are the reference;
+* **decoding step**: one step of incremental decoding of 8 rows (a beam of 8), the decoder with its cached state
+  at the 6th target position, after the encoder has run.
+
+Targets (``TARGETS``): syncs per training and decoding step at most stock's; operators per decoding step at most
+1.15× the sinusoidal APE's.  The table says ✓/✗ per target; the exit status is 0 whatever the counts (it measures,
+``tests/test_host_syncs.py`` judges), 2 for a usage error.
+"""
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+PLUGIN = os.path.join(REPO, "fairseq_pe")
+sys.path.insert(0, REPO)
+
+from fairseq_pe.errors import cli  # noqa: E402
+from fairseq_pe.translation.quickstart import NAMED_SYSTEMS  # noqa: E402
+
+STOCK = "stock"
+SYSTEMS = {name: flags for name, flags in NAMED_SYSTEMS.items() if name not in ("floater-warm", "ape-sin+rpe-learned")}
+SYSTEMS["floater-input"] = ["--pe-absolute", "floater"]
+#: a 6+6-layer model (operators do not depend on the widths; small widths keep the count fast)
+SIZE = ["--encoder-layers", "6", "--decoder-layers", "6", "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
+        "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128", "--encoder-attention-heads", "4",
+        "--decoder-attention-heads", "4"]
+#: the reference of the operator count per decoding step, and the largest ratio to it
+REFERENCE, OPS_RATIO = "ape-sinusoidal", 1.15
+BEAM_ROWS, DECODING_STEP = 8, 5
+
+
+def trainer_for(data, system, seed=1):
+    import torch
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.trainer import Trainer
+
+    model = ["--arch", "transformer_wmt_en_de"] if system == STOCK else \
+        ["--user-dir", PLUGIN, "--arch", "transformer_pe_wmt_en_de", *SYSTEMS[system]]
+    argv = [data, "--task", "translation", "-s", "src", "-t", "tgt", "--cpu", *model, *SIZE, "--share-all-embeddings",
+            "--optimizer", "adam", "--lr", "0.0005", "--criterion", "label_smoothed_cross_entropy",
+            "--label-smoothing", "0.1", "--dropout", "0.1", "--max-tokens", "4096", "--seed", str(seed)]
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+    task = tasks.setup_task(cfg.task)
+    torch.manual_seed(seed)
+    model = task.build_model(cfg.model)
+    return Trainer(cfg, task, model, task.build_criterion(cfg.criterion)), task
+
+
+def sample(dictionary, source_lengths, target_lengths):
+    from fairseq_pe.synthetic import random_batch
+
+    return random_batch(dictionary, source_lengths, target_lengths)
+
+
+def count_system(data, system):
+    """{"train": OpCount of a training step, "decode": OpCount of a decoding step}."""
+    import torch
+
+    from fairseq_pe.models.op_count import counting
+
+    trainer, task = trainer_for(data, system)
+    dictionary = task.source_dictionary
+    batch = sample(dictionary, [14, 11, 9, 6], [12, 13, 7, 5])  # padded: source on the left, target on the right
+    trainer.train_step([batch])
+    with counting() as train:
+        trainer.train_step([batch])
+    model = trainer.model.eval()
+    src = sample(dictionary, [12] * BEAM_ROWS, [3] * BEAM_ROWS)["net_input"]["src_tokens"]
+    prev = torch.randint(dictionary.nspecial, len(dictionary), (BEAM_ROWS, DECODING_STEP + 1))
+    prev[:, 0] = dictionary.eos()
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths=torch.full((BEAM_ROWS,), 12))
+        state = {}
+        for t in range(DECODING_STEP):
+            model.decoder(prev[:, :t + 1], encoder_out=encoder_out, incremental_state=state)
+        with counting() as decode:
+            model.decoder(prev[:, :DECODING_STEP + 1], encoder_out=encoder_out, incremental_state=state)
+    return {"train": train, "decode": decode}
+
+
+def dictionary_dir(root):
+    from fairseq.data import Dictionary
+
+    d = Dictionary()
+    for i in range(50):
+        d.add_symbol(f"w{i}")
+    for lang in ("src", "tgt"):
+        d.save(os.path.join(root, f"dict.{lang}.txt"))
+    return root
+
+
+def count(systems):
+    """system -> {"train": OpCount, "decode": OpCount}, stock first."""
+    import fairseq_pe  # noqa: F401  (the plugin and its fixes)
+
+    logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    with tempfile.TemporaryDirectory() as root:
+        data = dictionary_dir(root)
+        return {name: count_system(data, name) for name in [STOCK] + [s for s in systems if s != STOCK]}
+
+
+def table(counts):
+    stock, reference = counts[STOCK], counts.get(REFERENCE)
+    rows = ["| system | syncs / training step | syncs / decoding step | ops / decoding step | ratio to "
+            f"{REFERENCE} | kernels (ops less views) / decoding step | ratio |", "|---|---|---|---|---|---|---|"]
+    for name, c in counts.items():
+        train, decode = c["train"].syncs, c["decode"].syncs
+        def ratio(kind):
+            if reference is None:
+                return "-"
+            value = getattr(c["decode"], kind) / getattr(reference["decode"], kind)
+            return f"{value:.2f}×" + ("" if name == STOCK else (" ✓" if value <= OPS_RATIO else " ✗"))
+
+        mark = (lambda n, s: "" if name == STOCK else (" ✓" if n <= s else " ✗"))
+        rows.append(f"| {name} | {train}{mark(train, stock['train'].syncs)} | "
+                    f"{decode}{mark(decode, stock['decode'].syncs)} | {c['decode'].total} | {ratio('total')} | "
+                    f"{c['decode'].kernels} | {ratio('kernels')} |")
+    return "\n".join(rows)
+
+
+@cli
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="count_ops.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS),
+                   help="the encodings to count (default: all); stock is always counted")
+    p.add_argument("--json", help="also write the counts (every operator) to this file")
+    args = p.parse_args(argv)
+    counts = count(args.systems)
+    print(table(counts))
+    if args.json:
+        from fairseq_pe.outputs import write_json
+
+        write_json(args.json, {name: {kind: {"syncs": c.syncs, "total": c.total, "kernels": c.kernels,
+                                             "sync_ops": c.sync_ops(), "ops": dict(c.ops)} for kind, c in v.items()}
+                               for name, v in counts.items()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
