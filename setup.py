@@ -2,7 +2,7 @@ from setuptools import find_packages, setup
 
 setup(
     name="fairseq-pe",
-    version="0.1.0",
+    version="0.2.0",
     description="Position encodings for fairseq: absolute, relative, FLOATER; length-extrapolation tooling",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",

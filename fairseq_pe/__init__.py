@@ -8,7 +8,7 @@ else right after ``import fairseq`` happens (wrapt's post-import hook).  Tools t
 importing it; :func:`register` does it by hand.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 import sys
 

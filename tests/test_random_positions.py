@@ -141,3 +141,54 @@ def test_evaluation_gives_each_sentence_its_own_fixed_draw():
     assert torch.equal(positions[0], positions[2]) and not torch.equal(positions[0, 3:], positions[1, 3:])
     assert positions[1, :3].tolist() == [-1, -1, -1] and int(positions.max()) < 50
     torch.testing.assert_close(alone[:, 0], batch[3:, 1], rtol=1e-5, atol=1e-5)
+
+
+def test_spaced_evaluation_positions_are_trainings_mean_draws_for_the_sources_length():
+    """The reference: training's draws for a target of m tokens.  The k-th smallest of m uniform distinct draws
+    from [0, L) averages (L+1)·k/(m+1) − 1; ``spaced_positions`` gives its floor for t < m, then steps of 1."""
+    from fairseq_pe.positional.random_positions import spaced_positions
+
+    torch.manual_seed(0)
+    m, limit = 6, 40
+    draws = sample_positions(torch.arange(m).unsqueeze(0).repeat(20000, 1), limit).float().mean(0)
+    spaced = spaced_positions(torch.arange(m + 3).unsqueeze(0), torch.tensor([m]), limit)[0]
+    assert (spaced[:m].float() - draws).abs().max() < 1.0  # within the floor (sd of the mean ≈ 0.04)
+    assert spaced[:m].tolist() == [(t + 1) * (limit + 1) // (m + 1) - 1 for t in range(m)]
+    assert spaced[m:].tolist() == [spaced[m - 1] + 1, spaced[m - 1] + 2, spaced[m - 1] + 3]
+    # every row its own source length; padding stays −1; m = L gives 0..L−1; at most L−1 within the source's length
+    positions = torch.tensor([[0, 1, 2, 3], [-1, 0, 1, 2], [0, 1, 2, 3]])
+    rows = spaced_positions(positions, torch.tensor([2, 3, 4]), 4)
+    assert rows.tolist() == [[0, 2, 3, 4], [-1, 0, 1, 2], [0, 1, 2, 3]]
+
+
+@pytest.mark.parametrize("flags", [["--pe-absolute", "sinusoidal"], ["--pe-absolute", "none", "--pe-relative", "rope"],
+                                   ["--pe-absolute", "none", "--pe-relative", "kerple-power"]])
+def test_spaced_evaluation_decodes_step_by_step_as_the_full_pass(flags):
+    """--pe-random-eval-decoder spaced, set as fairseq-generate's --model-overrides sets it: the decoder's positions
+    in evaluation are the spaced ones of each row's source length, the same in step-by-step decoding as in the full
+    pass; training still draws; the encoder keeps its own fixed draw."""
+    from fairseq_pe.positional.random_positions import spaced_positions
+
+    model, d = build_model(*flags, "--pe-random-positions", "64", overrides={"pe_random_eval_decoder": "spaced"})
+    default, _ = build_model(*flags, "--pe-random-positions", "64")
+    default.load_state_dict(model.state_dict())
+    src, prev = random_tokens(d, 2, 9, left_pad=(0, 3)), random_tokens(d, 2, 7, seed=1)
+    injector = model.decoder.embed_positions
+    with torch.no_grad():
+        out = model(src, torch.tensor([9, 6]), prev)[0]
+        expected = spaced_positions(torch.arange(7).unsqueeze(0).repeat(2, 1), torch.tensor([9, 6]), 64)
+        assert injector.positions.tolist() == expected.tolist()
+        assert injector.positions[0, :3].tolist() == [5, 12, 18]  # ⌊(t+1)·65/10⌋ − 1
+        assert not torch.allclose(out, default(src, torch.tensor([9, 6]), prev)[0])  # not 0..n−1
+        assert_incremental_equals_full(model, d)
+    model.train()
+    model(src, torch.tensor([9, 6]), prev)
+    assert injector.positions.tolist() != expected.tolist()  # training draws
+
+
+def test_spaced_evaluation_needs_random_positions():
+    with pytest.raises(UserError, match="--pe-random-eval-decoder spaced applies to a model trained with "
+                                        "--pe-random-positions only"):
+        build_model("--pe-random-eval-decoder", "spaced")
+    model, _ = build_model("--pe-random-positions", "64")
+    assert model.args.pe_random_eval_decoder == "indices" and not model.decoder.embed_positions.spaced_in_evaluation

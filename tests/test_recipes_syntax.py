@@ -333,3 +333,28 @@ def test_bert_cpu_recipe_finetune_picks_the_finetunings(tmp_path, bare_path):
     proc = subprocess.run(["bash", os.path.join(RECIPES, "bert-cpu.sh")], env={"PATH": bare_path, "DRY_RUN": "1",
                           "FINETUNE": "sst2 glue"}, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "unknown fine-tuning 'glue' in FINETUNE" in proc.stderr
+
+
+def test_captions_recipe_decodes_the_randomised_systems_with_spaced_positions_too(tmp_path):
+    """s2l-cpu-captions.sh hands fairseq-pe-quickstart a *-spaced decoding (--pe-random-eval-decoder spaced through
+    --model-overrides, no retraining) of each randomised system it trains, beside RoPE's scalings."""
+    corpus, work, bin_dir = tmp_path / "corpus", tmp_path / "work", tmp_path / "bin"
+    for d in (corpus, work / "split", bin_dir):
+        d.mkdir(parents=True)
+    (work / "split" / "stats.json").write_text("{}")  # the split is reused
+    quickstart = bin_dir / "fairseq-pe-quickstart"
+    quickstart.write_text("#!/bin/bash\nprintf '%s\\n' \"$@\"\n")
+    quickstart.chmod(0o755)
+    for tool in ("bash", "dirname"):
+        os.symlink(shutil.which(tool), bin_dir / tool)
+    env = {"PATH": str(bin_dir), "CORPUS_DIRS": str(corpus), "SYSTEMS": "rope rope-random ape-sinusoidal-random"}
+    proc = subprocess.run(["bash", os.path.join(RECIPES, "s2l-cpu-captions.sh"), str(work)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    words = proc.stdout.splitlines()
+    variants = [words[i + 1] for i, w in enumerate(words) if w == "--decode-variant"]
+    assert variants[3:] == ["ape-sinusoidal-random-spaced=ape-sinusoidal-random:{'pe_random_eval_decoder': 'spaced'}",
+                            "rope-random-spaced=rope-random:{'pe_random_eval_decoder': 'spaced'}"]
+    assert [v.split("=")[0] for v in variants[:3]] == ["rope-pi", "rope-ntk", "rope-yarn"]
+    assert words[words.index("--systems") + 1:words.index("--systems") + 4] == ["rope", "rope-random",
+                                                                              "ape-sinusoidal-random"]

@@ -1,5 +1,9 @@
-"""Sandwich (issue 18): the bias against a hand computation of the paper's dot product of sinusoids with
-its per-head factor, its shape (0 at distance 0, negative, symmetric), no parameters, the flag's checks."""
+"""Sandwich (issues 18, 33): the bias against a hand computation of the paper's sum of cosines with its
+per-head factor (d̄ the head's dimension and k = 1..d̄/2, as NeMo's implementation of the paper; the
+paper's constants 10000 and 8h/H), its shape (0 at distance 0, negative, symmetric), no parameters, the
+flags' checks, and a checkpoint of fairseq-pe 0.1 (d̄ the model's, k from 0) computing what it computed."""
+
+import os
 
 import math
 from types import SimpleNamespace
@@ -18,38 +22,57 @@ def sandwich(heads=2, embed_dim=16, causal=False, **args):
                                    causal=causal, args=SimpleNamespace(**args))
 
 
-def by_hand(distance, dim, head, heads):
-    """(p_i·p_j − d̄/2)·H/(8h) with p_i the Vaswani sinusoids [sin(i·ω_k), cos(i·ω_k)], computed as a dot product."""
+def by_hand(distance, dim, head, heads, first=1):
+    """(p_i·p_j − d̄/2)/(8h/H) with p_i = [sin(i·ω_k), cos(i·ω_k)] for k = first .. first + d̄/2 − 1,
+    ω_k = 10000^(−2k/d̄), computed as a dot product."""
     def p(i):
-        return [f(i * 10000 ** (-2 * k / dim)) for k in range(dim // 2) for f in (math.sin, math.cos)]
+        return [f(i * 10000 ** (-2 * k / dim)) for k in range(first, first + dim // 2) for f in (math.sin, math.cos)]
 
     i, j = 7, 7 + distance
     dot = sum(a * b for a, b in zip(p(i), p(j)))
     return (dot - dim / 2) * heads / (8 * head)
 
 
-def test_bias_by_hand():
-    enc = sandwich(heads=4, embed_dim=16, pe_sandwich_dim=6)
+@pytest.mark.parametrize("first", [1, 0])
+def test_bias_by_hand(first):
+    enc = sandwich(heads=4, embed_dim=16, pe_sandwich_dim=6, pe_sandwich_first_frequency=first)
     bias = enc.position_bias(5, 5, 0, 1)
     assert bias.shape == (4, 5, 5)
     for h in (1, 4):
         for i, j in ((0, 3), (4, 1), (2, 2)):
-            assert bias[h - 1, i, j].item() == pytest.approx(by_hand(j - i, 6, h, 4), abs=1e-5)
+            assert bias[h - 1, i, j].item() == pytest.approx(by_hand(j - i, 6, h, 4, first), abs=1e-5)
     assert torch.all(bias.diagonal(dim1=1, dim2=2).abs() < 1e-6)  # p_i·p_i = d̄/2
     torch.testing.assert_close(bias, bias.transpose(1, 2))  # symmetric in the encoder
     assert torch.all(bias.masked_fill(torch.eye(5, dtype=torch.bool), -1) < 0)
     torch.testing.assert_close(bias[0], 4 * bias[3])  # H/(8h): head 1 four times head 4's
 
 
-def test_default_dim_is_the_models_and_decoding_rows_match():
+def test_the_paper_constants_at_e512_h8():
+    """The issue's case: E = 512, H = 8.  The default (d̄ = 64, the head's; k = 1..32) against the sum by hand,
+    and fairseq-pe 0.1's (d̄ = 512, k = 0..255) against the values the issue measured on it (−6.9, −206.6)."""
+    enc = sandwich(heads=8, embed_dim=512, causal=True)
+    assert (enc.dim, enc.first_frequency) == (64, 1)
+    row = enc.position_bias(1, 1024, 1023, 1)[:, 0]  # query 1023 against keys 0..1023
+    for h in (1, 8):
+        for distance in (1, 2, 100, 1023):
+            assert row[h - 1, 1023 - distance].item() == pytest.approx(by_hand(-distance, 64, h, 8), abs=2e-4)
+    assert row[0, 1022].item() == pytest.approx(-0.6235, abs=1e-4) and row[0, 0].item() == pytest.approx(-23.867, abs=1e-3)
+    old = sandwich(heads=8, embed_dim=512, causal=True, pe_sandwich_dim="model", pe_sandwich_first_frequency=0)
+    old_row = old.position_bias(1, 1024, 1023, 1)[0, 0]
+    assert old_row[1022].item() == pytest.approx(-6.898, abs=1e-3) and old_row[0].item() == pytest.approx(-206.59, abs=1e-2)
+    assert old_row[1022].item() == pytest.approx(by_hand(-1, 512, 1, 8, first=0), abs=1e-4)
+
+
+def test_default_dim_is_the_heads_and_decoding_rows_match():
     enc = sandwich(embed_dim=16, causal=True)
-    assert enc.dim == 16
+    assert enc.dim == 8
     full = enc.position_bias(6, 6, 0, 1)
-    assert full[1, 5, 0].item() == pytest.approx(by_hand(-5, 16, 2, 2), abs=1e-5)
+    assert full[1, 5, 0].item() == pytest.approx(by_hand(-5, 8, 2, 2), abs=1e-5)
     torch.testing.assert_close(enc.position_bias(1, 6, 5, 1), full[:, 5:6])  # one decoding step
-    # far away, the bias flattens near −d̄/2·H/(8h) and is close to a log decay nearby
-    far = enc.position_bias(1, 5001, 5000, 1)[0, 0]
-    assert -8 * 2 / 8 * 1.3 < far[:100].mean().item() < -8 * 2 / 8 * 0.7
+    # far past the longest wavelength (2π·10^4), the bias of head 1 averages −d̄/2·H/(8h) = −1
+    from fairseq_pe.positional.sandwich import sandwich_bias
+    far = sandwich_bias(torch.arange(10 ** 7, 10 ** 7 + 10 ** 6, 97), 8, 2)[0]
+    assert -1.1 < far.mean().item() < -0.9
     assert list(enc.parameters()) == []
 
 
@@ -57,6 +80,73 @@ def test_default_dim_is_the_models_and_decoding_rows_match():
 def test_odd_or_zero_dim_is_refused_naming_the_flag(dim):
     with pytest.raises(UserError, match="--pe-sandwich-dim"):
         sandwich(pe_sandwich_dim=dim)
+
+
+def test_a_head_dimension_that_is_odd_is_refused_naming_the_flag():
+    with pytest.raises(UserError, match="--pe-sandwich-dim must be an even number .* got 'head', 3"):
+        sandwich(heads=2, embed_dim=6)
+
+
+def test_the_flags_on_the_command_line():
+    model, _ = build_model("--pe-absolute", "none", "--pe-relative", "sandwich", "--encoder-embed-dim", "32",
+                           "--decoder-embed-dim", "32", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4")
+    rel = model.encoder.embed_positions.relative
+    assert (rel.dim, rel.first_frequency) == (8, 1)
+    model, _ = build_model("--pe-absolute", "none", "--pe-relative", "sandwich", "--pe-sandwich-dim", "model",
+                           "--pe-sandwich-first-frequency", "0")
+    rel = model.decoder.embed_positions.relative
+    assert (rel.dim, rel.first_frequency) == (model.decoder.embed_dim, 0)
+    with pytest.raises(SystemExit):
+        build_model("--pe-relative", "sandwich", "--pe-sandwich-dim", "half")
+    with pytest.raises(SystemExit):
+        build_model("--pe-relative", "sandwich", "--pe-sandwich-first-frequency", "2")
+    with pytest.raises(UserError, match="--pe-sandwich-first-frequency applies to --pe-relative sandwich"):
+        build_model("--pe-relative", "alibi", "--pe-sandwich-first-frequency", "0")
+
+
+def test_the_options_a_new_model_saves_keep_its_defaults_and_a_0_1_models_keep_its_own():
+    """The architecture function writes 'head' and 1 into the options a checkpoint saves; the options that
+    fairseq-pe 0.1 saved (pe_sandwich_dim None, no pe_sandwich_first_frequency) get 'model' and 0."""
+    from argparse import Namespace
+
+    from fairseq_pe.models.options import position_encoding_defaults
+    new = Namespace(pe_absolute="none", pe_relative="sandwich")  # a command line, as fairseq parses it
+    position_encoding_defaults(new)
+    assert (new.pe_sandwich_dim, new.pe_sandwich_first_frequency) == ("head", 1)
+    position_encoding_defaults(new)  # loaded again from its checkpoint
+    assert (new.pe_sandwich_dim, new.pe_sandwich_first_frequency) == ("head", 1)
+    old = Namespace(pe_absolute="none", pe_relative="sandwich", pe_sandwich_dim=None)
+    position_encoding_defaults(old)
+    assert (old.pe_sandwich_dim, old.pe_sandwich_first_frequency) == ("model", 0)
+    given = Namespace(pe_absolute="none", pe_relative="sandwich", pe_sandwich_dim=16)
+    position_encoding_defaults(given)
+    assert (given.pe_sandwich_dim, given.pe_sandwich_first_frequency) == (16, 1)
+
+
+def test_a_checkpoint_of_fairseq_pe_0_1_loads_and_computes_what_it_computed():
+    """tests/fixtures/checkpoints-0.1-sandwich: 16 dimensions, 2 heads, saved with d̄ = 16 and k from 0."""
+    from fairseq import checkpoint_utils
+
+    from helpers import FIXTURES
+    folder = os.path.join(FIXTURES, "checkpoints-0.1-sandwich")
+    (model,), _ = checkpoint_utils.load_model_ensemble(
+        [os.path.join(folder, "checkpoint.pt")], arg_overrides={"data": folder, "source_lang": "src", "target_lang": "tgt"})
+    model.eval()
+    expected = torch.load(os.path.join(folder, "expected.pt"))
+    rel = model.encoder.embed_positions.relative
+    assert (rel.dim, rel.first_frequency) == (16, 0)
+    src = expected["src_tokens"]
+    with torch.no_grad():
+        out = model(src, torch.full((src.size(0),), src.size(1)), expected["prev_output_tokens"])
+        log_probs = model.get_normalized_probs(out, log_probs=True)
+    torch.testing.assert_close(log_probs, expected["log_probs"], rtol=1e-6, atol=1e-6)
+    # and today's defaults would compute something else on it: the test can fail
+    for side in (model.encoder, model.decoder):
+        side.embed_positions.relative.dim, side.embed_positions.relative.first_frequency = 8, 1
+    with torch.no_grad():
+        other = model.get_normalized_probs(model(src, torch.full((src.size(0),), src.size(1)),
+                                                 expected["prev_output_tokens"]), log_probs=True)
+    assert (other - expected["log_probs"]).abs().max() > 1e-3
 
 
 def test_dim_flag_for_another_family_is_refused():
@@ -81,4 +171,4 @@ def test_a_bias_per_row_is_gathered_from_the_distances_and_builds_nothing_larger
         bias, largest = largest_tensor_created(lambda: enc.position_bias(40, 40, 0, 1))
     assert bias.shape == (3, 2, 40, 40) and largest <= bias.numel()
     distances = positions.unsqueeze(1) - positions.unsqueeze(2)  # j − i
-    torch.testing.assert_close(bias, sandwich_bias(distances, 64, 2).transpose(0, 1))
+    torch.testing.assert_close(bias, sandwich_bias(distances, enc.dim, 2, enc.first_frequency).transpose(0, 1))

@@ -1,5 +1,7 @@
 """Command-line options shared by every model of the plugin (``transformer_pe``, later ``roberta_pe``)."""
 
+import argparse
+
 from fairseq_pe.errors import UserError, as_user_errors
 from fairseq_pe.positional import position_encoding_choices
 from fairseq_pe.positional.floater import BOUND_DEFAULTS, add_floater_args, floater_defaults, validate_floater_args
@@ -64,12 +66,24 @@ def add_position_encoding_args(parser):
                             "draw of its own and the decoder 0..n-1 (docs/encodings.md). Sequences are at "
                             "most L long. "
                             "Default: off")
+    group.add_argument("--pe-random-eval-decoder", choices=["indices", "spaced"],
+                       help="with --pe-random-positions L, the decoder's positions in evaluation and generation (set it "
+                            "at generation time with --model-overrides): indices, 0..n−1 (fairseq-pe 0.1's); spaced, "
+                            "the positions that training draws on average for a target as long as the source, "
+                            "⌊(t+1)(L+1)/(m+1)⌋−1 for t < m (m the source's tokens with </s>), then 1 apart past "
+                            "them (docs/encodings.md). Default: indices")
     group.add_argument("--pe-fire-threshold", type=float, metavar="L0",
                        help="fire: the initial threshold L of the normaliser ψ(max(i, L)); L = |λ|·L0 with λ learned "
                             "from 1 (default 512, the paper's)")
-    group.add_argument("--pe-sandwich-dim", type=int, metavar="D",
-                       help="sandwich: the dimension d̄ of the sinusoids whose dot products give the bias (even; "
-                            "default: the model's embedding dimension)")
+    group.add_argument("--pe-sandwich-dim", type=sandwich_dim, metavar="D",
+                       help="sandwich: the dimension d̄ of the sinusoids whose dot products give the bias: an even "
+                            "number, 'head' (the dimension of one attention head, as NeMo's implementation of the "
+                            "paper) or 'model' (the embedding dimension, fairseq-pe 0.1's default). "
+                            "Default: head")
+    group.add_argument("--pe-sandwich-first-frequency", type=int, choices=[0, 1], metavar="K",
+                       help="sandwich: the sum of cosines runs over k = K .. K + d̄/2 − 1 with ω_k = 10000^(−2k/d̄): "
+                            "1 as the paper's sum from 1 to d̄/2 (and NeMo's), 0 as Vaswani et al.'s sinusoids "
+                            "(fairseq-pe 0.1's). Default: 1")
     add_sinusoid_scale_args(group)
     add_floater_args(group)
 
@@ -82,7 +96,8 @@ RELATIVE_FAMILY_OPTIONS = [
     ("pe_rope_scaling_original_length", ("rope",), None),
     ("pe_t5_num_buckets", ("t5",), 32),
     ("pe_t5_max_distance", ("t5",), 128),
-    ("pe_sandwich_dim", ("sandwich",), None),  # None: the model's embedding dimension
+    ("pe_sandwich_dim", ("sandwich",), "head"),
+    ("pe_sandwich_first_frequency", ("sandwich",), 1),
     ("pe_fire_threshold", ("fire",), 512.0),
 ]
 
@@ -97,6 +112,11 @@ def position_encoding_defaults(args, sinusoid_scales=TRANSFORMER_DEFAULTS, float
     args.pe_relative_untie_layers = getattr(args, "pe_relative_untie_layers", False)
     args.pe_relative_untie_heads = getattr(args, "pe_relative_untie_heads", False)
     args.pe_random_positions = getattr(args, "pe_random_positions", None)
+    args.pe_random_eval_decoder = getattr(args, "pe_random_eval_decoder", None) or "indices"
+    if args.pe_relative == "sandwich" and _saved_by_fairseq_pe_0_1(args):
+        # it computes what it was trained with: d̄ the embedding dimension, k = 0 .. d̄/2 − 1
+        args.pe_sandwich_first_frequency = 0
+        args.pe_sandwich_dim = "model"
     for name, families, default in RELATIVE_FAMILY_OPTIONS:
         # a family's options get their default only when it is chosen, so that an option
         # given for another family is refused instead of silently ignored
@@ -106,6 +126,32 @@ def position_encoding_defaults(args, sinusoid_scales=TRANSFORMER_DEFAULTS, float
             setattr(args, name, None)
     sinusoid_scale_defaults(args, sinusoid_scales)
     floater_defaults(args, floater_bounds)
+
+
+def _has_option(args, name) -> bool:
+    """Whether ``args`` (a Namespace, a SimpleNamespace or fairseq's DictConfig) has ``name`` at all, even as None."""
+    try:
+        return name in args
+    except TypeError:  # a SimpleNamespace
+        return hasattr(args, name)
+
+
+def _saved_by_fairseq_pe_0_1(args) -> bool:
+    """A Sandwich model's options as fairseq-pe 0.1 saved them: its architecture function left
+    ``pe_sandwich_dim`` None (meaning the embedding dimension) and there was no ``pe_sandwich_first_frequency``.
+    Today's never leave it None, and fairseq's parser (``argument_default=SUPPRESS``) omits a flag not given."""
+    return (_has_option(args, "pe_sandwich_dim") and getattr(args, "pe_sandwich_dim") is None
+            and not _has_option(args, "pe_sandwich_first_frequency"))
+
+
+def sandwich_dim(value: str):
+    """``--pe-sandwich-dim``: 'head', 'model' or an integer (checked to be even by the encoding)."""
+    if value in ("head", "model"):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an even number, 'head' or 'model', got {value!r}") from None
 
 
 #: the largest --pe-random-positions: every integer up to 2^24 is exact in float32
@@ -155,6 +201,9 @@ def _validate_position_args(args):
         if args.pe_absolute == "none" and args.pe_relative == "none":
             raise UserError("--pe-random-positions has no effect without a position encoding: set --pe-absolute or "
                             "--pe-relative, or remove it")
+    elif getattr(args, "pe_random_eval_decoder", "indices") not in (None, "indices"):
+        raise UserError(f"--pe-random-eval-decoder {args.pe_random_eval_decoder} applies to a model trained with "
+                        "--pe-random-positions only; remove it")
     for name, families, _ in RELATIVE_FAMILY_OPTIONS:
         if getattr(args, name, None) is not None and args.pe_relative not in families:
             raise UserError(f"--{name.replace('_', '-')} applies to --pe-relative {' / '.join(families)} only, "

@@ -53,6 +53,7 @@ def build_position_injector(cfg, num_blocks: int, embed_dim: int, num_heads: int
         self_bias=FloaterAttentionBias(embed_dim, num_blocks) if bias else None,
         cross_bias=FloaterAttentionBias(embed_dim, num_blocks) if bias and cross_attention else None,
         random_positions=random_positions, causal=side == "target",
+        spaced_in_evaluation=side == "target" and getattr(cfg, "pe_random_eval_decoder", None) == "spaced",
     )
 
 
@@ -111,6 +112,9 @@ class TransformerPEDecoder(TransformerDecoderBase):
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
         injector = self.embed_positions
         length = prev_output_tokens.size(1)
+        if injector.spaced_in_evaluation and encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
+            mask = encoder_out["encoder_padding_mask"]
+            injector.set_source_lengths(encoder_out["encoder_out"][0].size(0), mask[0] if len(mask) > 0 else None)
         if injector.cross_bias is not None and encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
             enc = encoder_out["encoder_out"][0]  # (S, B, C)
             mask = encoder_out["encoder_padding_mask"]

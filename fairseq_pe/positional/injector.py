@@ -17,8 +17,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fairseq_pe.errors import UserError
+
 from .base import AbsolutePositionEncoding, PassState, RelativePositionEncoding
-from .random_positions import sample_positions
+from .random_positions import sample_positions, spaced_positions
 
 #: what ``max_positions`` reports for encodings that work at any length (fairseq needs an int)
 UNLIMITED_POSITIONS = 1 << 40
@@ -73,12 +75,16 @@ class PositionInjector(nn.Module):
     def __init__(self, absolute: Optional[AbsolutePositionEncoding], padding_idx: int,
                  relative: Optional[RelativePositionEncoding] = None,
                  self_bias: Optional[nn.Module] = None, cross_bias: Optional[nn.Module] = None,
-                 random_positions: Optional[int] = None, causal: bool = False):
+                 random_positions: Optional[int] = None, causal: bool = False, spaced_in_evaluation: bool = False):
         super().__init__()
         #: ``--pe-random-positions`` L (:mod:`.random_positions`): sampled in training, and in evaluation on the
         #: encoder side (``causal`` False); None: positions 0 .. n−1
         self.random_positions = random_positions
         self.causal = causal
+        #: ``--pe-random-eval-decoder spaced`` (decoder): in evaluation, the positions that training draws on average
+        #: for a target as long as the source (:func:`.random_positions.spaced_positions`), else 0 .. n−1
+        self.spaced_in_evaluation = spaced_in_evaluation and random_positions is not None
+        self.source_lengths: Optional[torch.Tensor] = None  # (B,) the source's real tokens, for the spacing
         self.absolute = absolute
         self.relative = relative  # used by the self-attention of every block
         self.self_bias = self_bias  # FLOATER Q/K/V biases of self-attention
@@ -121,10 +127,16 @@ class PositionInjector(nn.Module):
         """
         positions = token_positions(tokens, self.padding_idx)
         sampled = self.random_positions is not None and (self.training or not self.causal)
-        if sampled:  # evaluation: each sentence's own fixed draw (reproducible whatever the batch)
-            positions = sample_positions(positions, self.random_positions, None if self.training else tokens)
         # every position is below this bound, known without reading them (a host sync): the table's length
         bound = self.random_positions if sampled else tokens.size(1)
+        if sampled:  # evaluation: each sentence's own fixed draw (reproducible whatever the batch)
+            positions = sample_positions(positions, self.random_positions, None if self.training else tokens)
+        elif self.spaced_in_evaluation and not self.training:
+            if self.source_lengths is None:
+                raise UserError("--pe-random-eval-decoder spaced needs the source: the decoder was called without "
+                                "encoder_out")
+            positions = spaced_positions(positions, self.source_lengths, self.random_positions)
+            sampled, bound = True, self.random_positions + tokens.size(1)  # past the source's length: 1 apart
         if self.relative is not None:
             # a new pass of the side's relative encoding, with the rows' own positions where they are not the
             # indices: sampled, or for an encoding that needs more than their differences (FIRE), which uses them if
@@ -152,6 +164,13 @@ class PositionInjector(nn.Module):
     def vectors(self, block: int) -> torch.Tensor:
         """Block ``block``'s absolute vectors for the current positions, (B, T, D), 0 at padding."""
         return lookup(self.positions, self.absolute(self.length, block).to(self._dtype_probe.dtype))
+
+    def set_source_lengths(self, src_len: int, encoder_padding_mask: Optional[torch.Tensor]):
+        """The number of real source tokens of each row (decoder side, ``--pe-random-eval-decoder spaced``)."""
+        if encoder_padding_mask is None:
+            self.source_lengths = torch.full((1,), src_len, device=self._dtype_probe.device)
+        else:
+            self.source_lengths = src_len - encoder_padding_mask.sum(dim=1)
 
     def set_source(self, encoder_padding_mask: Optional[torch.Tensor], src_len: int, batch: int, device):
         """Positions of the source tokens (decoder side: cross-attention keys and values)."""

@@ -10,8 +10,11 @@ uniform subset of their own size, and padding takes no position).  Training samp
 Evaluation follows the paper (whose code samples at test time too) where fairseq allows it: the encoder side
 gets a random subset as in training, drawn from a generator seeded by the sentence's tokens, so that a sentence
 has the same positions whatever its batch, seed or beam, and ``fairseq-generate``'s scores are reproducible; the
-decoder uses 0 .. n−1, because step-by-step generation cannot draw an ordered subset whose size is not yet
-known, and its full passes (``--score-reference``, validation) must give the scores of generation.  L bounds
+decoder uses 0 .. n−1 by default, because step-by-step generation cannot draw an ordered subset whose size is not
+yet known, and its full passes (``--score-reference``, validation) must give the scores of generation.
+``--pe-random-eval-decoder spaced`` gives it instead the positions that training draws on average for a target
+as long as the source (:func:`spaced_positions`): 0 .. n−1 is a configuration that training draws with
+probability 1/C(L, n), while training's neighbours are (L+1)/(n+1) apart on average.  L bounds
 the lengths: a longer sequence has no n distinct positions in [0, L), so the model's ``max_positions`` is at
 most L and fairseq refuses longer inputs by name.
 """
@@ -65,3 +68,18 @@ def sample_positions(positions: torch.Tensor, limit: int, tokens: torch.Tensor =
     columns = torch.arange(longest, device=positions.device)
     chosen = torch.where(columns < lengths.unsqueeze(1), chosen, limit).sort(dim=1).values
     return torch.where(real, chosen.gather(1, positions.clamp(min=0)), positions)
+
+
+def spaced_positions(positions: torch.Tensor, source_lengths: torch.Tensor, limit: int) -> torch.Tensor:
+    """Decoder positions (B, T) (0 .. t for the real tokens, −1 at padding) → the expected positions of training's
+    draws for a target of m = ``source_lengths`` tokens: the k-th smallest of m distinct uniform draws from
+    [0, L) is (L+1)·k/(m+1) − 1 on average (k = 1..m), so index t < m gets ⌊(t+1)(L+1)/(m+1)⌋ − 1 (at most
+    L−1, strictly increasing as m ≤ L), and index t ≥ m the position of m−1 plus t−m+1 (1 apart: no position is
+    clamped, and a hypothesis longer than its source goes past the trained range as it would with 0..n−1).
+    Depends on the row's source and t only, so step-by-step decoding and the full pass agree."""
+    m = source_lengths.view(-1, 1).to(positions.dtype)
+    real = positions.ge(0)
+    t = positions.clamp(min=0)
+    within = torch.div((t.clamp(max=m - 1) + 1) * (limit + 1), m + 1, rounding_mode="floor") - 1
+    spaced = within + (t - (m - 1)).clamp(min=0)
+    return torch.where(real, spaced, positions)

@@ -19,7 +19,10 @@ checkpoint at generation time (``--model-overrides "{'pe_rope_scaling': 'ntk', '
   λ_i = 2π/θ_i) within it, θ'_i = (1 − γ(r_i))·θ_i/s + γ(r_i)·θ_i, where the ramp γ is 0 below α = 1 turn
   (interpolated, as PI), 1 above β = 32 turns (kept) and linear in the dimension index between (the reference
   implementation's rounding of the boundaries); the attention logits are multiplied by 1/t with
-  √(1/t) = 0.1·ln s + 1 (queries and keys each times √(1/t)).
+  √(1/t) = 0.1·ln s + 1 (queries and keys each times √(1/t)).  With L ≤ 6 every frequency has fewer than one
+  turn (the fastest's wavelength is 2π), so every pair is interpolated, as the paper's rule says; Hugging Face's
+  ``_compute_yarn_parameters`` ramp, clamped in dimension indices, interpolates none there (at the longer
+  training lengths where the two were compared, their frequencies agree within 6e-8).
 
 The frequencies are a function of these options only.  The library keeps them as a (frozen) parameter,
 so checkpoints hold a copy; loading ignores it and keeps the model's own (:meth:`_load_from_state_dict`),

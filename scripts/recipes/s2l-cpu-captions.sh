@@ -18,6 +18,9 @@
 # training length keeps its angles within the trained range; YaRN's original length 37 = the longest training
 # target with </s>), through fairseq's --model-overrides and no retraining (rows rope-pi, rope-ntk, rope-yarn;
 # ROPE_SCALING_FACTOR=none leaves them out).
+# Randomised positions evaluated two ways: the decoder at 0..n-1 (the default; rows ape-sinusoidal-random,
+# rope-random) and at the positions that training draws on average for a target as long as the source (rows
+# *-spaced: --pe-random-eval-decoder spaced through --model-overrides, the same checkpoints).
 # It is scripts/recipes/s2l-cpu-en-de.sh with these settings; every variable of that recipe (SEEDS,
 # SYSTEMS, MAX_UPDATE, JOBS, ...) overrides them.  A re-run resumes: finished runs are reused.
 set -euo pipefail
@@ -37,4 +40,9 @@ if [ "$FACTOR" != none ] && [[ " $SYSTEMS " == *" rope "* ]]; then
               --decode-variant "rope-ntk=rope:{'pe_rope_scaling': 'ntk', 'pe_rope_scaling_factor': $FACTOR}"
               --decode-variant "rope-yarn=rope:{'pe_rope_scaling': 'yarn', 'pe_rope_scaling_factor': $FACTOR, 'pe_rope_scaling_original_length': 37}")
 fi
+for random in ape-sinusoidal-random rope-random; do
+    if [[ " $SYSTEMS " == *" $random "* ]]; then
+        VARIANTS+=(--decode-variant "$random-spaced=$random:{'pe_random_eval_decoder': 'spaced'}")
+    fi
+done
 exec bash "$REPO/scripts/recipes/s2l-cpu-en-de.sh" "$WORK" "${VARIANTS[@]}" "$@"
