@@ -313,3 +313,11 @@ def test_prepare_mono_never_replaces_results_nor_reads_its_own_outputs(tmp_path,
     assert (dest / "dict.txt").read_text() == "an earlier dictionary\n" and os.listdir(dest) == ["dict.txt"]
     assert status(["--input", str(text), "--destdir", str(text / "bin"), "--force"]) == 2
     assert "is inside --input" in capsys.readouterr().err and os.listdir(text) == ["a.txt"]
+
+
+def test_a_decoder_option_is_refused_by_name():
+    from fairseq_pe.errors import UserError
+    with pytest.raises(UserError, match="--pe-random-eval-decoder spaced sets a decoder's positions: roberta_pe has no"):
+        build("--pe-random-positions", "64", "--pe-random-eval-decoder", "spaced")
+    model, _ = build("--pe-random-positions", "64", "--pe-random-eval-decoder", "indices")
+    assert model is not None

@@ -117,6 +117,9 @@ class RobertaPEModel(RobertaModel):
         if args.pe_relative == "xpos":
             raise UserError("--pe-relative xpos scales causal attention only (Sun et al. 2022): in roberta_pe's "
                             "encoder it would be plain RoPE; use --pe-relative rope")
+        if getattr(args, "pe_random_eval_decoder", None) not in (None, "indices"):
+            raise UserError(f"--pe-random-eval-decoder {args.pe_random_eval_decoder} sets a decoder's positions: "
+                            "roberta_pe has no decoder; remove it")
         tokens_per_sample = getattr(args, "tokens_per_sample", None)
         if isinstance(tokens_per_sample, int) and tokens_per_sample > args.max_positions:
             raise ValueError(f"--tokens-per-sample {tokens_per_sample} exceeds --max-positions "
