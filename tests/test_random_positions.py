@@ -10,7 +10,7 @@ from fairseq_pe.errors import UserError
 from fairseq_pe.positional import build_position_encoding
 from fairseq_pe.positional.random_positions import sample_positions
 
-from helpers import assert_incremental_equals_full, build_model, random_tokens
+from helpers import ALL_ENCODINGS, RANDOMISABLE, assert_incremental_equals_full, build_model, random_tokens
 
 
 def test_samples_are_sorted_distinct_in_range_and_skip_padding():
@@ -161,14 +161,14 @@ def test_spaced_evaluation_positions_are_trainings_mean_draws_for_the_sources_le
     assert rows.tolist() == [[0, 2, 3, 4], [-1, 0, 1, 2], [0, 1, 2, 3]]
 
 
-@pytest.mark.parametrize("flags", [["--pe-absolute", "sinusoidal"], ["--pe-absolute", "none", "--pe-relative", "rope"],
-                                   ["--pe-absolute", "none", "--pe-relative", "kerple-power"]])
-def test_spaced_evaluation_decodes_step_by_step_as_the_full_pass(flags):
+@pytest.mark.parametrize("name", RANDOMISABLE)
+def test_spaced_evaluation_decodes_step_by_step_as_the_full_pass(name):
     """--pe-random-eval-decoder spaced, set as fairseq-generate's --model-overrides sets it: the decoder's positions
     in evaluation are the spaced ones of each row's source length, the same in step-by-step decoding as in the full
     pass; training still draws; the encoder keeps its own fixed draw."""
     from fairseq_pe.positional.random_positions import spaced_positions
 
+    flags = ALL_ENCODINGS[name]
     model, d = build_model(*flags, "--pe-random-positions", "64", overrides={"pe_random_eval_decoder": "spaced"})
     default, _ = build_model(*flags, "--pe-random-positions", "64")
     default.load_state_dict(model.state_dict())
