@@ -112,14 +112,15 @@ class TransformerPEDecoder(TransformerDecoderBase):
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
         injector = self.embed_positions
         length = prev_output_tokens.size(1)
-        if injector.spaced_in_evaluation and encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
-            mask = encoder_out["encoder_padding_mask"]
-            injector.set_source_lengths(encoder_out["encoder_out"][0].size(0), mask[0] if len(mask) > 0 else None)
-        if injector.cross_bias is not None and encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
+        if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
             enc = encoder_out["encoder_out"][0]  # (S, B, C)
             mask = encoder_out["encoder_padding_mask"]
-            injector.set_source(mask[0] if len(mask) > 0 else None, enc.size(0), enc.size(1), enc.device)
-            length = max(length, enc.size(0))
+            mask = mask[0] if len(mask) > 0 else None
+            if injector.spaced_in_evaluation:
+                injector.set_source_lengths(enc.size(0), mask)
+            if injector.cross_bias is not None:
+                injector.set_source(mask, enc.size(0), enc.size(1), enc.device)
+                length = max(length, enc.size(0))
         with floater_pass(flow_of(injector), length):
             return super().extract_features(prev_output_tokens, encoder_out=encoder_out,
                                             incremental_state=incremental_state, **kwargs)
