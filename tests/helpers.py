@@ -1,9 +1,11 @@
 """Shared helpers of the test-suite."""
 
 import argparse
+import functools
 import os
 import subprocess
 import sys
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -86,13 +88,90 @@ def assert_incremental_equals_full(model, d):
 
 def cli(*cmd: str, cwd=None, check=True) -> subprocess.CompletedProcess:
     """Run a fairseq CLI; on failure the assertion shows its output.  The console scripts of this
-    interpreter's environment come first on PATH (a virtual environment that is not activated)."""
+    interpreter's environment come first on PATH (a virtual environment that is not activated).
+
+    A console script of this environment (``fairseq-train``, ``fairseq-pe-analyze``, ...) runs as a process forked
+    from a server that has imported torch and fairseq once (``cli_server.py``: its own argv, environment, working
+    directory and output, the script's entry point and exit status); anything else, or every command when
+    ``FAIRSEQ_PE_TEST_FORK=0``, in a new interpreter."""
+    cmd = [os.fspath(c) for c in cmd]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
                PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
-    proc = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True)
+    script = _console_script(cmd, env["PATH"], cwd) if os.environ.get("FAIRSEQ_PE_TEST_FORK", "1") != "0" else None
+    if script is not None:
+        proc = _CLI_SERVER.run(script[0], script[1], env, cwd)
+        proc.args = list(cmd)
+    else:
+        proc = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
+
+
+def _console_script(cmd, path: str, cwd):
+    """((its path, its entry point), its argv) if ``cmd`` runs a console script of this interpreter's environment
+    that PATH finds, or a Python file with this interpreter (entry point None); else None."""
+    import shutil
+
+    program = cmd[0]
+    if program == sys.executable and len(cmd) > 1 and cmd[1].endswith(".py"):  # ``python SCRIPT ARGS``
+        file = os.path.join(cwd or os.getcwd(), cmd[1])
+        return ((os.path.abspath(file), None), list(cmd[1:])) if os.path.isfile(file) else None
+    found = shutil.which(program, path=path)
+    if found is None or os.path.dirname(found) != os.path.dirname(sys.executable):
+        return None
+    entry = _console_scripts().get(program)
+    return None if entry is None else ((found, entry), list(cmd))
+
+
+@functools.lru_cache(maxsize=None)
+def _console_scripts():
+    from importlib.metadata import entry_points
+
+    return {e.name: e.value for e in entry_points(group="console_scripts")}
+
+
+class _CliServer:
+    """The fork server of this test process (one per pytest-xdist worker), started at its first use."""
+
+    def __init__(self):
+        self.proc = None
+        self.env = None
+        self._lock = threading.Lock()
+
+    def run(self, script, cmd, env, cwd):
+        import json
+        import tempfile
+
+        started = self.env or env
+        if any(env.get(k) != started.get(k) for k in {*env, *started} if k.startswith("PYTHON")):
+            # read at an interpreter's start, which the server's would not do for this run
+            return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+        with self._lock:
+            if self.proc is None or self.proc.poll() is not None:
+                self.env = dict(env)
+                self.proc = subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "cli_server.py")],
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                             env=self.env, text=True, cwd=REPO)
+            with tempfile.TemporaryDirectory() as tmp:
+                out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+                request = {"argv0": script[0], "args": cmd[1:], "entry": script[1], "env": env,
+                           "cwd": os.path.abspath(cwd or os.getcwd()), "stdout": out, "stderr": err}
+                self.proc.stdin.write(json.dumps(request) + "\n")
+                self.proc.stdin.flush()
+                reply = self.proc.stdout.readline()
+                if not reply:
+                    raise AssertionError(f"the tests' fork server (tests/cli_server.py) died running {' '.join(cmd)}")
+                code = json.loads(reply)["returncode"]
+
+                def read(path):
+                    with open(path, encoding="utf-8", errors="replace") as f:
+                        return f.read()
+
+                return subprocess.CompletedProcess(cmd, code, read(out), read(err))
+
+
+_CLI_SERVER = _CliServer()
 
 
 def assert_user_error(proc, prog, *fragments):

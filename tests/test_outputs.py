@@ -5,7 +5,6 @@ their console scripts (the other tools: in their own test files)."""
 
 import os
 import stat
-import subprocess
 import sys
 
 import numpy as np
@@ -17,7 +16,7 @@ from fairseq_pe.errors import UserError
 from fairseq_pe.outputs import (atomic_open, atomic_path, check_new_file, check_new_files, check_not_inputs,
                                 save_torch, savefig, write_json, write_text)
 
-from helpers import REPO
+from helpers import REPO, cli
 
 
 class Interrupted(Exception):
@@ -155,8 +154,7 @@ def test_umask_is_read_without_changing_it():
 
 
 def run(*cmd):
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    return subprocess.run(list(cmd), capture_output=True, text=True, env=env)
+    return cli(*cmd, check=False)
 
 
 def assert_one_line_error(proc, prog, *fragments):

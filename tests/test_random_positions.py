@@ -192,3 +192,28 @@ def test_spaced_evaluation_needs_random_positions():
         build_model("--pe-random-eval-decoder", "spaced")
     model, _ = build_model("--pe-random-positions", "64")
     assert model.args.pe_random_eval_decoder == "indices" and not model.decoder.embed_positions.spaced_in_evaluation
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("name", ["ape-sinusoidal", "rope", "kerple-power"])
+def test_spaced_evaluation_in_half_precision_takes_float32s_positions(name, dtype):
+    """A model converted to fp16/bf16 (as --fp16/--bf16 generation does) decodes at the float32 model's spaced
+    positions, with finite outputs close to float32's, and step by step as its own full pass."""
+    flags = (*ALL_ENCODINGS[name], "--pe-random-positions", "64")
+    reference, d = build_model(*flags, overrides={"pe_random_eval_decoder": "spaced"})
+    model, _ = build_model(*flags, overrides={"pe_random_eval_decoder": "spaced"})
+    model = model.to(dtype)
+    src, prev = random_tokens(d, 2, 9, left_pad=(0, 3)), random_tokens(d, 2, 7, seed=1)
+    with torch.no_grad():
+        expected = reference(src, torch.tensor([9, 6]), prev)[0]
+        got = model(src, torch.tensor([9, 6]), prev)[0]
+        assert model.decoder.embed_positions.positions.tolist() == \
+            reference.decoder.embed_positions.positions.tolist()
+        assert got.dtype == dtype and bool(got.isfinite().all())
+        assert float((got.float() - expected).abs().max()) < 0.05 * float(expected.abs().max())
+        enc = model.encoder(src, torch.tensor([9, 6]))
+        state = {}
+        for t in range(prev.shape[1]):
+            step = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
+            torch.testing.assert_close(step[:, -1].float(), got[:, t].float(), rtol=0, atol=0.02 * float(
+                got.float().abs().max()))

@@ -1,0 +1,83 @@
+"""The tests' fork server (``cli_server.py``) runs a console script as a new interpreter would: the same exit status,
+the same lines on stdout and on stderr (numbers aside: times and speeds differ between any two runs), and the same
+files written, for fairseq's own scripts (which configure logging before importing fairseq) and the plugin's."""
+
+import os
+import re
+
+import pytest
+import torch
+
+import helpers
+from helpers import PLUGIN, cli, synthetic_data_bin
+
+
+def both(monkeypatch, *cmd, cwd=None):
+    """(forked, new interpreter): the command run both ways."""
+    forked = cli(*cmd, cwd=cwd, check=False)
+    monkeypatch.setenv("FAIRSEQ_PE_TEST_FORK", "0")
+    fresh = cli(*cmd, cwd=cwd, check=False)
+    monkeypatch.delenv("FAIRSEQ_PE_TEST_FORK")
+    return forked, fresh
+
+
+IMPORT_TIME = "Please install tensorboardX"  # logged while fairseq is imported: by the server, once (cli_server.py)
+
+
+def shape(text):
+    """The lines with every number replaced (times, speeds, memory), but the one fairseq logs at its import."""
+    return [re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "#", line) for line in text.splitlines() if IMPORT_TIME not in line]
+
+
+def assert_same(forked, fresh):
+    assert forked.returncode == fresh.returncode, (forked.returncode, fresh.returncode, forked.stderr[-2000:])
+    assert shape(forked.stdout) == shape(fresh.stdout), (forked.stdout[-3000:], fresh.stdout[-3000:])
+    assert shape(forked.stderr) == shape(fresh.stderr), (forked.stderr[-3000:], fresh.stderr[-3000:])
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return synthetic_data_bin(tmp_path_factory.mktemp("server"), train_size=40, valid_size=4,
+                              test_buckets=[(2, 6)], test_per_bucket=3, seed=5)
+
+
+def test_fairseq_train_generate_and_a_plugin_tool_as_a_new_interpreter(data, tmp_path, monkeypatch):
+    assert helpers._console_script(["fairseq-train"], os.environ["PATH"], None) is not None  # forked, by default
+    train = ["fairseq-train", data, "--user-dir", PLUGIN, "--arch", "transformer_pe_tiny", "--pe-relative", "rope",
+             "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "300", "--max-update", "2", "--cpu",
+             "--num-workers", "0", "--seed", "1", "--log-interval", "1", "--log-format", "simple",
+             "--no-epoch-checkpoints"]
+    forked = cli(*train, "--save-dir", str(tmp_path / "forked"), check=False)
+    monkeypatch.setenv("FAIRSEQ_PE_TEST_FORK", "0")
+    fresh = cli(*train, "--save-dir", str(tmp_path / "fresh"), check=False)
+    monkeypatch.delenv("FAIRSEQ_PE_TEST_FORK")
+    forked.stdout, forked.stderr = (s.replace(str(tmp_path / "forked"), "SAVE") for s in (forked.stdout, forked.stderr))
+    fresh.stdout, fresh.stderr = (s.replace(str(tmp_path / "fresh"), "SAVE") for s in (fresh.stdout, fresh.stderr))
+    assert_same(forked, fresh)
+    assert forked.returncode == 0 and "| train_inner |" in forked.stdout  # fairseq's format, on stdout
+    a, b = (torch.load(tmp_path / way / "checkpoint_last.pt", weights_only=False)["model"] for way in ("forked", "fresh"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # the same training, to the bit
+
+    ckpt = str(tmp_path / "fresh" / "checkpoint_last.pt")
+    assert_same(*both(monkeypatch, "fairseq-generate", data, "--user-dir", PLUGIN, "--path", ckpt, "--gen-subset",
+                      "test", "--beam", "2", "--cpu"))
+    # a plugin tool (it imports fairseq itself, then configures logging), to a file of its own each way
+    forked = cli("fairseq-pe-warm-start-floater", ckpt, str(tmp_path / "forked.pt"), check=False)
+    monkeypatch.setenv("FAIRSEQ_PE_TEST_FORK", "0")
+    fresh = cli("fairseq-pe-warm-start-floater", ckpt, str(tmp_path / "fresh.pt"), check=False)
+    monkeypatch.delenv("FAIRSEQ_PE_TEST_FORK")
+    forked.stdout, forked.stderr = (s.replace("forked.pt", "fresh.pt") for s in (forked.stdout, forked.stderr))
+    assert_same(forked, fresh)
+    assert fresh.returncode == 0 and "Fine-tune with" in fresh.stdout + fresh.stderr
+    a, b = (torch.load(tmp_path / f"{way}.pt", weights_only=False)["model"] for way in ("forked", "fresh"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # a refusal of the user's: one line, status 2, both ways
+    forked, fresh = both(monkeypatch, "fairseq-pe-warm-start-floater", ckpt, str(tmp_path / "fresh.pt"))
+    assert fresh.returncode == 2 and "fairseq-pe-warm-start-floater: error:" in fresh.stderr
+    assert_same(forked, fresh)
+    assert_same(*both(monkeypatch, "fairseq-pe-analyze", "--bogus"))
+    # a user error raised inside fairseq-generate: one line, status 2, no traceback, both ways
+    forked, fresh = both(monkeypatch, "fairseq-generate", data, "--user-dir", PLUGIN, "--path",
+                         str(tmp_path / "missing.pt"), "--cpu")
+    assert fresh.returncode == 2 and "Traceback" not in fresh.stderr
+    assert_same(forked, fresh)
