@@ -21,6 +21,7 @@ Protocol: one JSON request per line on stdin (argv0, args, entry point or null f
 one JSON line per request on stdout: ``{"returncode": N}``.  The server exits at end of input."""
 
 import ast
+import atexit
 import importlib
 import importlib.util
 import json
@@ -36,7 +37,10 @@ def _configures_logging_before_fairseq(module):
     does, to log on stdout in its format).  Importing fairseq otherwise configures the root logger itself (a stderr
     handler, from a module-level ``logging.info``/``basicConfig`` of its own): the server's import did that, which
     is right for every other script; this one must start from a new interpreter's root logger."""
-    spec = importlib.util.find_spec(module)
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # the run itself reports it, as its script would
+        return False
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         return False
     with open(spec.origin, encoding="utf-8") as f:
@@ -62,6 +66,7 @@ def _run_child(request):
             out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(out, fd)
             os.close(out)
+        # in the child: find_spec imports the module's parent packages (the plugin's, for its tools)
         if request["entry"] and _configures_logging_before_fairseq(request["entry"].partition(":")[0]):
             root = logging.getLogger()
             for handler in list(root.handlers):
@@ -94,8 +99,6 @@ def _run_child(request):
         sys.excepthook(*sys.exc_info())
         code = 1
     try:
-        import atexit
-
         atexit._run_exitfuncs()
         logging.shutdown()
         sys.stdout.flush()

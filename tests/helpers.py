@@ -2,9 +2,12 @@
 
 import argparse
 import functools
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from types import SimpleNamespace
 
@@ -111,8 +114,6 @@ def cli(*cmd: str, cwd=None, check=True) -> subprocess.CompletedProcess:
 def _console_script(cmd, path: str, cwd):
     """((its path, its entry point), its argv) if ``cmd`` runs a console script of this interpreter's environment
     that PATH finds, or a Python file with this interpreter (entry point None); else None."""
-    import shutil
-
     program = cmd[0]
     if program == sys.executable and len(cmd) > 1 and cmd[1].endswith(".py"):  # ``python SCRIPT ARGS``
         file = os.path.join(cwd or os.getcwd(), cmd[1])
@@ -140,9 +141,6 @@ class _CliServer:
         self._lock = threading.Lock()
 
     def run(self, script, cmd, env, cwd):
-        import json
-        import tempfile
-
         started = self.env or env
         if any(env.get(k) != started.get(k) for k in {*env, *started} if k.startswith("PYTHON")):
             # read at an interpreter's start, which the server's would not do for this run

@@ -12,13 +12,21 @@ import helpers
 from helpers import PLUGIN, cli, synthetic_data_bin
 
 
-def both(monkeypatch, *cmd, cwd=None):
-    """(forked, new interpreter): the command run both ways."""
-    forked = cli(*cmd, cwd=cwd, check=False)
-    monkeypatch.setenv("FAIRSEQ_PE_TEST_FORK", "0")
-    fresh = cli(*cmd, cwd=cwd, check=False)
+def both(monkeypatch, *cmd):
+    """(forked, new interpreter): the command run both ways; ``{way}`` in an argument becomes "forked" or "fresh"
+    (outputs of their own), and in the outputs the forked run's names read as the fresh run's."""
+    runs = {}
+    for way in ("forked", "fresh"):
+        if way == "fresh":
+            monkeypatch.setenv("FAIRSEQ_PE_TEST_FORK", "0")
+        runs[way] = cli(*(c.replace("{way}", way) for c in cmd), check=False)
     monkeypatch.delenv("FAIRSEQ_PE_TEST_FORK")
-    return forked, fresh
+    forked = runs["forked"]
+    for c in cmd:
+        if "{way}" in c:
+            name, fresh_name = c.replace("{way}", "forked"), c.replace("{way}", "fresh")
+            forked.stdout, forked.stderr = (s.replace(name, fresh_name) for s in (forked.stdout, forked.stderr))
+    return forked, runs["fresh"]
 
 
 IMPORT_TIME = "Please install tensorboardX"  # logged while fairseq is imported: by the server, once (cli_server.py)
@@ -47,12 +55,7 @@ def test_fairseq_train_generate_and_a_plugin_tool_as_a_new_interpreter(data, tmp
              "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "300", "--max-update", "2", "--cpu",
              "--num-workers", "0", "--seed", "1", "--log-interval", "1", "--log-format", "simple",
              "--no-epoch-checkpoints"]
-    forked = cli(*train, "--save-dir", str(tmp_path / "forked"), check=False)
-    monkeypatch.setenv("FAIRSEQ_PE_TEST_FORK", "0")
-    fresh = cli(*train, "--save-dir", str(tmp_path / "fresh"), check=False)
-    monkeypatch.delenv("FAIRSEQ_PE_TEST_FORK")
-    forked.stdout, forked.stderr = (s.replace(str(tmp_path / "forked"), "SAVE") for s in (forked.stdout, forked.stderr))
-    fresh.stdout, fresh.stderr = (s.replace(str(tmp_path / "fresh"), "SAVE") for s in (fresh.stdout, fresh.stderr))
+    forked, fresh = both(monkeypatch, *train, "--save-dir", str(tmp_path / "{way}"))
     assert_same(forked, fresh)
     assert forked.returncode == 0 and "| train_inner |" in forked.stdout  # fairseq's format, on stdout
     a, b = (torch.load(tmp_path / way / "checkpoint_last.pt", weights_only=False)["model"] for way in ("forked", "fresh"))
@@ -62,11 +65,7 @@ def test_fairseq_train_generate_and_a_plugin_tool_as_a_new_interpreter(data, tmp
     assert_same(*both(monkeypatch, "fairseq-generate", data, "--user-dir", PLUGIN, "--path", ckpt, "--gen-subset",
                       "test", "--beam", "2", "--cpu"))
     # a plugin tool (it imports fairseq itself, then configures logging), to a file of its own each way
-    forked = cli("fairseq-pe-warm-start-floater", ckpt, str(tmp_path / "forked.pt"), check=False)
-    monkeypatch.setenv("FAIRSEQ_PE_TEST_FORK", "0")
-    fresh = cli("fairseq-pe-warm-start-floater", ckpt, str(tmp_path / "fresh.pt"), check=False)
-    monkeypatch.delenv("FAIRSEQ_PE_TEST_FORK")
-    forked.stdout, forked.stderr = (s.replace("forked.pt", "fresh.pt") for s in (forked.stdout, forked.stderr))
+    forked, fresh = both(monkeypatch, "fairseq-pe-warm-start-floater", ckpt, str(tmp_path / "{way}.pt"))
     assert_same(forked, fresh)
     assert fresh.returncode == 0 and "Fine-tune with" in fresh.stdout + fresh.stderr
     a, b = (torch.load(tmp_path / f"{way}.pt", weights_only=False)["model"] for way in ("forked", "fresh"))
