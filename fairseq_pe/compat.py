@@ -7,7 +7,8 @@ so ``fairseq-train`` / ``fairseq-generate`` users never see them:
    ``argparse.Namespace``, omegaconf configs and meters, so ``fairseq-generate`` and
    ``--restore-file`` fail with ``Unsupported global: argparse.Namespace``.  fairseq's
    checkpoint loader is wrapped so that *it* loads with ``weights_only=False`` (checkpoints
-   are trusted files you trained or downloaded yourself), and so is the loader of ``--ema-seed-model``;
+   are trusted files you trained or downloaded yourself), and so is the loader of ``--ema-seed-model`` and the
+   broadcast by which the other ranks of a resumed distributed training receive rank 0's checkpoint;
    every other ``torch.load`` keeps torch's default (``fairseq-pe-average-checkpoints`` replaces fairseq's
    averaging script, which pip does not install and which meets the same trap).
 2. ``fairseq.data.data_utils.batch_by_size`` drops the whole last batch when its size is
@@ -37,6 +38,11 @@ so ``fairseq-train`` / ``fairseq-generate`` users never see them:
 8. ``--ddp-backend legacy_ddp`` all-reduces every gradient through one flat buffer of the first parameter's
    dtype: under ``--fp16``/``--bf16`` the float32 position parameters' gradients went through half precision.
    Each dtype is reduced in a buffer of its own.
+9. A training stopped and resumed from its checkpoint ends where an uninterrupted one ends: the checkpoint also
+   keeps ``--fp16``/``--bf16``'s float32 master weights (fairseq rebuilt them from the half-precision model), the
+   dynamic loss scaler's counters (``--amp``: its GradScaler's scale), and the plugin's modules' training state
+   that is not a parameter (FLOATER's solution reused between ``--pe-floater-refresh-updates`` refreshes).
+   fairseq 0.12 only (a version guard).
 """
 
 import contextlib
@@ -85,7 +91,7 @@ def _load_checkpoint_trusted(load_checkpoint_to_cpu):
             raise UserError(f"checkpoint {path}: no such file (check --path / --restore-file)")
         try:
             with trusted_torch_load():
-                return load_checkpoint_to_cpu(path, *args, **kwargs)
+                state = load_checkpoint_to_cpu(path, *args, **kwargs)
         except _UNREADABLE as e:
             raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e}): it is not a complete "
                             "fairseq checkpoint (truncated or another kind of file?)") from e
@@ -94,6 +100,9 @@ def _load_checkpoint_trusted(load_checkpoint_to_cpu):
                 raise
             raise UserError(f"checkpoint {path} cannot be read ({e}): it is not a complete fairseq checkpoint "
                             "(truncated or another kind of file?)") from e
+        from fairseq_pe.models.options import upgrade_checkpoint_options
+
+        return upgrade_checkpoint_options(state)  # options that fairseq-pe 0.1 saved mean what they meant then
 
     wrapper._fairseq_pe_patched = True
     return wrapper
@@ -123,6 +132,19 @@ def _ema_seed_trusted(load_ema_from_checkpoint):
             raise UserError(f"--ema-seed-model {path}: no such checkpoint file")
         with trusted_torch_load():
             return load_ema_from_checkpoint(path, *args, **kwargs)
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
+def _broadcast_trusted(broadcast_object):
+    """A resumed distributed training: rank 0 loads the checkpoint (trusted, fix 1) and fairseq broadcasts it to the
+    other ranks as a ``torch.save`` of it, which they read back with a plain ``torch.load``: torch >= 2.6 refused
+    its configuration (omegaconf's ``DictConfig``), so every multi-process resume failed on rank 1."""
+    @functools.wraps(broadcast_object)
+    def wrapper(*args, **kwargs):
+        with trusted_torch_load():
+            return broadcast_object(*args, **kwargs)
 
     wrapper._fairseq_pe_patched = True
     return wrapper
@@ -356,6 +378,215 @@ def _bf16_without_tpu(parse_args_and_arch):
     return wrapper
 
 
+# ---- fix 9: a stopped training resumes where it stopped ---------------------------------------------------------
+#
+# fairseq seeds every update (seed + num_updates), so a training stopped after K updates and resumed from its
+# checkpoint must end where an uninterrupted one ends.  fairseq 0.12 keeps two kinds of training state out of its
+# checkpoints:
+#
+# * ``--fp16``/``--bf16`` (``FP16Optimizer``): the float32 master weights.  Its ``state_dict`` holds the wrapped
+#   optimizer's state and the loss scale only; on resume ``Trainer.load_checkpoint`` loads the half-precision model,
+#   rebuilds the optimizer (``_build_optimizer``: masters copied from the rounded model) and then loads the optimizer
+#   state, so every resumed run lost the masters' low bits (KERPLE-power under --bf16: 7.8e-3 apart after 12 updates,
+#   5 + 7 resumed).  Both forms are kept: the flat float32 buffer of --fp16 and the per-parameter copies of --bf16.
+#   The dynamic loss scaler keeps its scale but loses its counters (``_iter``, the last overflow and rescale), so a
+#   resumed --fp16 run grew its scale at other updates; they are kept too (also for ``MemoryEfficientFP16Optimizer``),
+#   and so are ``--amp``'s GradScaler's scale and growth tracker (fairseq saved neither: the scale restarted from
+#   ``--fp16-init-scale``).
+#   ``MemoryEfficientFP16Optimizer`` (--memory-efficient-fp16/-bf16) has no masters: its half-precision parameters
+#   are the weights it updates and are saved as they are, and fairseq itself keeps its float32 moments from torch's
+#   cast on load; with the scaler's counters its resume is exact (tests/test_resume.py checks it).
+# * the plugin's modules' state that is not a parameter: FLOATER's solution reused between refreshes
+#   (``--pe-floater-refresh-updates``: FLOATER at every block with a refresh every 3 updates ended 6.7e-3 to 7.8e-3
+#   apart in float32, the resumed run solving afresh in the middle of a period).  A module of the model that
+#   defines ``training_state()`` / ``load_training_state(state)`` has that state saved in the checkpoint's
+#   ``extra_state`` (under its name in the model) and restored after the model loads, unless the optimizer is reset
+#   (``--reset-optimizer``: a new training).  It is not in the model's state dict, so
+#   generation, averaging and the analysis tools never see it.  Under DDP the checkpoint holds rank 0's (each rank
+#   solves for its own batch, and may solve again within a period for a longer one): every rank resumes with it.
+#
+# Checkpoints written before this fix load as before (masters rebuilt from the model, a fresh FLOATER solve).
+
+#: fairseq releases whose checkpoints lack this state (the wrappers below rely on 0.12's FP16Optimizer layout and
+#: Trainer.state_dict/load_checkpoint); another release gets a warning and fairseq's own behaviour
+_EXACT_RESUME_FAIRSEQ = ("0.12.",)
+_MASTERS_KEY = "fairseq_pe_fp32_masters"
+_SCALER_KEY = "fairseq_pe_loss_scaler"
+_SCALER_COUNTERS = ("_iter", "_last_overflow_iter", "_last_rescale_iter", "_overflows_since_rescale")
+_TRAINING_STATE_KEY = "fairseq_pe_training_state"
+
+
+def _master_tensors(optimizer):
+    """``FP16Optimizer``'s float32 masters, in a fixed order: its flat buffer (one per device, as many as it was
+    built with) or its per-parameter copies (bf16, ``--fp16-no-flatten-grads``)."""
+    if optimizer.has_flat_params:
+        flat = optimizer.fp32_params
+        return list(flat.values()) if isinstance(flat, dict) else [flat]
+    return list(optimizer.fp32_params)
+
+
+def _with_scaler_counters(optimizer, state):
+    scaler = getattr(optimizer, "scaler", None)
+    if scaler is not None and all(hasattr(scaler, name) for name in _SCALER_COUNTERS):
+        state[_SCALER_KEY] = {name: getattr(scaler, name) for name in _SCALER_COUNTERS}
+    return state
+
+
+def _restore_scaler_counters(optimizer, counters):
+    scaler = getattr(optimizer, "scaler", None)
+    if counters is not None and scaler is not None:
+        for name, value in counters.items():
+            setattr(scaler, name, value)
+
+
+def _half_precision_state_saved(state_dict):
+    """``FP16Optimizer.state_dict`` and ``MemoryEfficientFP16Optimizer.state_dict``: also the float32 masters (the
+    former; the tensors themselves, not copies, as torch's optimizer state dict holds its moments: fairseq writes the
+    checkpoint at once) and the loss scaler's counters."""
+    @functools.wraps(state_dict)
+    def wrapper(self):
+        state = _with_scaler_counters(self, state_dict(self))
+        if hasattr(self, "fp32_params"):
+            state[_MASTERS_KEY] = [t.data for t in _master_tensors(self)]
+        return state
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
+def _half_precision_state_loaded(load_state_dict):
+    """``load_state_dict`` of both: fairseq's load first (the wrapped optimizer's state, the loss scale), then the
+    masters saved with it, over those ``Trainer._build_optimizer`` has just copied from the half-precision model.
+    A checkpoint without them (written before this fix) keeps fairseq's rebuilt masters; one whose masters do not
+    fit this optimizer (another model or layout) too, with a warning."""
+    @functools.wraps(load_state_dict)
+    def wrapper(self, state_dict, *args, **kwargs):
+        state_dict = dict(state_dict)
+        masters = state_dict.pop(_MASTERS_KEY, None)
+        counters = state_dict.pop(_SCALER_KEY, None)
+        result = load_state_dict(self, state_dict, *args, **kwargs)
+        _restore_scaler_counters(self, counters)
+        if masters is not None and hasattr(self, "fp32_params"):
+            import torch
+
+            targets = _master_tensors(self)
+            if len(targets) != len(masters) or any(t.shape != m.shape for t, m in zip(targets, masters)):
+                import logging
+
+                logging.getLogger("fairseq_pe").warning(
+                    "the checkpoint's float32 master weights do not fit this optimizer (another model, or "
+                    "--fp16-no-flatten-grads changed): they are rebuilt from the half-precision model, as fairseq "
+                    "does, and the resumed training is not exactly the uninterrupted one")
+            else:
+                with torch.no_grad():
+                    for target, saved in zip(targets, masters):
+                        target.data.copy_(saved)
+        return result
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
+def _grad_scaler_state_saved(state_dict):
+    """``AMPOptimizer.state_dict`` (``--amp``): also its ``GradScaler``'s scale and growth tracker (fairseq kept
+    neither, so a resumed run restarted from ``--fp16-init-scale``)."""
+    @functools.wraps(state_dict)
+    def wrapper(self):
+        state = state_dict(self)
+        scaler = getattr(self, "_grad_scaler", None)
+        if scaler is not None and scaler.is_enabled():
+            saved = scaler.state_dict()
+            state[_SCALER_KEY] = {"scale": saved["scale"], "_growth_tracker": saved["_growth_tracker"]}
+        return state
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
+def _grad_scaler_state_loaded(load_state_dict):
+    """``AMPOptimizer.load_state_dict``: the saved scale and growth tracker; the growth interval and factors stay
+    this run's (fairseq prefers the options of the resumed run)."""
+    @functools.wraps(load_state_dict)
+    def wrapper(self, state_dict, *args, **kwargs):
+        state_dict = dict(state_dict)
+        saved = state_dict.pop(_SCALER_KEY, None)
+        result = load_state_dict(self, state_dict, *args, **kwargs)
+        scaler = getattr(self, "_grad_scaler", None)
+        if saved is not None and scaler is not None and scaler.is_enabled():
+            scaler.load_state_dict({**scaler.state_dict(), **saved})
+        return result
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
+def _modules_with_training_state(model):
+    return [(name, module) for name, module in model.named_modules()
+            if callable(getattr(module, "training_state", None))
+            and callable(getattr(module, "load_training_state", None))]
+
+
+def _training_state_saved(state_dict):
+    """``Trainer.state_dict``: the plugin's modules' training state in ``extra_state``."""
+    @functools.wraps(state_dict)
+    def wrapper(self):
+        state = state_dict(self)
+        kept = {}
+        for name, module in _modules_with_training_state(self.model):
+            module_state = module.training_state()
+            if module_state:
+                kept[name] = module_state
+        if kept:
+            state["extra_state"][_TRAINING_STATE_KEY] = kept
+        return state
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
+def _training_state_loaded(load_checkpoint):
+    """``Trainer.load_checkpoint``: after fairseq has loaded the model (which drops such state: the module's own
+    ``_load_from_state_dict``), each module gets what the checkpoint kept for it, unless the optimizer is reset."""
+    @functools.wraps(load_checkpoint)
+    def wrapper(self, filename, reset_optimizer=False, *args, **kwargs):
+        extra_state = load_checkpoint(self, filename, reset_optimizer, *args, **kwargs)
+        kept = (extra_state or {}).get(_TRAINING_STATE_KEY)
+        if kept and not reset_optimizer:
+            for name, module in _modules_with_training_state(self.model):
+                if name in kept:
+                    module.load_training_state(kept[name])
+        return extra_state
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
+def _apply_exact_resume():
+    """Fix 9, for the fairseq releases of :data:`_EXACT_RESUME_FAIRSEQ` only."""
+    import fairseq
+    from fairseq.optim.amp_optimizer import AMPOptimizer
+    from fairseq.optim.fp16_optimizer import _FP16OptimizerMixin, _MemoryEfficientFP16OptimizerMixin
+    from fairseq.trainer import Trainer
+
+    version = getattr(fairseq, "__version__", "unknown")
+    if not version.startswith(_EXACT_RESUME_FAIRSEQ):
+        import logging
+
+        logging.getLogger("fairseq_pe").warning(
+            f"fairseq {version}: fairseq-pe's exact-resume fix (float32 masters, loss-scaler counters and FLOATER's "
+            f"refresh in the checkpoint) is written for fairseq {', '.join(_EXACT_RESUME_FAIRSEQ)}x and is not "
+            "applied; a resumed --fp16/--bf16 or --pe-floater-refresh-updates training may differ from an "
+            "uninterrupted one")
+        return
+    for mixin in (_FP16OptimizerMixin, _MemoryEfficientFP16OptimizerMixin):
+        _patch(mixin, "state_dict", _half_precision_state_saved)
+        _patch(mixin, "load_state_dict", _half_precision_state_loaded)
+    _patch(AMPOptimizer, "state_dict", _grad_scaler_state_saved)
+    _patch(AMPOptimizer, "load_state_dict", _grad_scaler_state_loaded)
+    _patch(Trainer, "state_dict", _training_state_saved)
+    _patch(Trainer, "load_checkpoint", _training_state_loaded)
+
+
 def _patch(owner, name: str, wrap):
     """Replace ``owner.name`` by ``wrap(owner.name)``, once (the wrappers mark themselves ``_fairseq_pe_patched``)."""
     original = getattr(owner, name)
@@ -375,6 +606,7 @@ def apply():
     install_excepthook()
     _patch(models, "DistributedFairseqModel", _ddp_on_cpu)
     _patch(distributed_utils, "infer_init_method", _torchrun_on_cpu)
+    _patch(distributed_utils, "broadcast_object", _broadcast_trusted)
     _patch(FairseqTask, "filter_indices_by_size", _size_errors_named)
     _patch(checkpoint_utils, "load_model_ensemble_and_task", _model_files_checked)
     _patch(checkpoint_utils, "load_checkpoint_to_cpu", _load_checkpoint_trusted)
@@ -384,3 +616,4 @@ def apply():
     _patch(LegacyDistributedDataParallel, "all_reduce_grads", _reduced_per_dtype)
     _patch(FairseqOptimizer, "step", _projected_after_step)
     _patch(_FP16OptimizerMixin, "_sync_fp32_params_to_fp16", _masters_projected)
+    _apply_exact_resume()

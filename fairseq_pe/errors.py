@@ -29,13 +29,23 @@ def user_error_message(exc: BaseException, prog: str = None) -> str:
     return f"{prog}: error: {exc}"
 
 
+def _user_error(exc):
+    """``exc`` if it is a :class:`UserError`, or the one fairseq re-raised as a plain ``Exception`` (its Trainer's
+    "Cannot load model parameters from checkpoint ...; please ensure that the architectures match." around any
+    error while a checkpoint loads, e.g. one refused by name); else None."""
+    while type(exc) is Exception and exc.__context__ is not None:
+        exc = exc.__context__
+    return exc if isinstance(exc, UserError) else None
+
+
 def _handle(exc_type, exc, tb, previous):
-    if issubclass(exc_type, UserError) and not os.environ.get(TRACEBACK_ENV):
+    user_error = _user_error(exc)
+    if user_error is not None and not os.environ.get(TRACEBACK_ENV):
         try:
             sys.stdout.flush()
         except Exception:  # noqa: BLE001  (a closed stdout must not hide the message)
             pass
-        sys.stderr.write(user_error_message(exc) + "\n")
+        sys.stderr.write(user_error_message(user_error) + "\n")
         sys.stderr.flush()
         # argparse's status for a usage error; os._exit because an excepthook cannot set the status
         os._exit(2)

@@ -6,16 +6,19 @@
 
 On a GPU a training step is bound by kernel launches and host syncs, step-by-step decoding by launches; both are
 counted here on the CPU, where the same operators run (:mod:`fairseq_pe.models.op_count`): every operator that
-reaches torch's kernels, and those after which the host holds a tensor's value (``.item()``, ``bool()`` of a tensor,
-data-dependent sizes).
+reaches torch's kernels, and the calls after which the host holds a tensor's value (``.item()``, ``bool()`` of a
+tensor, data-dependent sizes: ``nonzero``, boolean indexing, ``masked_select``; copies to the host: ``.cpu()``,
+``.tolist()``, ``.numpy()``), with the package's branches on the device type taken as on CUDA.
 
 * **training step**: fairseq's own ``Trainer.train_step`` (forward, backward, gradient norm, Adam) on a padded batch
   of 4 sentences, the second step of a fresh trainer (the first builds the optimizer); stock fairseq's
   ``transformer_wmt_en_de`` of the same size is measured the same way: its own syncs are the reference;
+* **encoder pass**: the encoder's forward in evaluation (``model.eval()``, no gradient) on the 8 rows, as generation
+  starts (randomised positions draw each sentence's own positions there);
 * **decoding step**: one step of incremental decoding of 8 rows (a beam of 8), the decoder with its cached state
   at the 6th target position, after the encoder has run.
 
-Targets (``TARGETS``): syncs per training and decoding step at most stock's; operators per decoding step at most
+Targets: syncs per training step, encoder pass and decoding step at most stock's; operators per decoding step at most
 1.15× the sinusoidal APE's.  The table says ✓/✗ per target; the exit status is 0 whatever the counts (it measures,
 ``tests/test_host_syncs.py`` judges), 2 for a usage error.
 """
@@ -71,8 +74,12 @@ def sample(dictionary, source_lengths, target_lengths):
     return random_batch(dictionary, source_lengths, target_lengths)
 
 
+#: the counted passes, as the table names them
+KINDS = {"train": "training step", "encode": "encoder pass (evaluation)", "decode": "decoding step"}
+
+
 def count_system(data, system):
-    """{"train": OpCount of a training step, "decode": OpCount of a decoding step}."""
+    """{"train": OpCount of a training step, "encode": of an encoder pass, "decode": of a decoding step}."""
     import torch
 
     from fairseq_pe.models.op_count import counting
@@ -88,13 +95,14 @@ def count_system(data, system):
     prev = torch.randint(dictionary.nspecial, len(dictionary), (BEAM_ROWS, DECODING_STEP + 1))
     prev[:, 0] = dictionary.eos()
     with torch.no_grad():
-        encoder_out = model.encoder(src, src_lengths=torch.full((BEAM_ROWS,), 12))
+        with counting() as encode:
+            encoder_out = model.encoder(src, src_lengths=torch.full((BEAM_ROWS,), 12))
         state = {}
         for t in range(DECODING_STEP):
             model.decoder(prev[:, :t + 1], encoder_out=encoder_out, incremental_state=state)
         with counting() as decode:
             model.decoder(prev[:, :DECODING_STEP + 1], encoder_out=encoder_out, incremental_state=state)
-    return {"train": train, "decode": decode}
+    return {"train": train, "encode": encode, "decode": decode}
 
 
 def dictionary_dir(root):
@@ -121,10 +129,11 @@ def count(systems):
 
 def table(counts):
     stock, reference = counts[STOCK], counts.get(REFERENCE)
-    rows = ["| system | syncs / training step | syncs / decoding step | ops / decoding step | ratio to "
-            f"{REFERENCE} | kernels (ops less views) / decoding step | ratio |", "|---|---|---|---|---|---|---|"]
+    rows = ["| system | syncs / training step | syncs / encoder pass (evaluation) | syncs / decoding step | ops / "
+            f"decoding step | ratio to {REFERENCE} | kernels (ops less views) / decoding step | ratio |",
+            "|---|---|---|---|---|---|---|---|"]
     for name, c in counts.items():
-        train, decode = c["train"].syncs, c["decode"].syncs
+        train, encode, decode = c["train"].syncs, c["encode"].syncs, c["decode"].syncs
         def ratio(kind):
             if reference is None:
                 return "-"
@@ -133,8 +142,8 @@ def table(counts):
 
         mark = (lambda n, s: "" if name == STOCK else (" ✓" if n <= s else " ✗"))
         rows.append(f"| {name} | {train}{mark(train, stock['train'].syncs)} | "
-                    f"{decode}{mark(decode, stock['decode'].syncs)} | {c['decode'].total} | {ratio('total')} | "
-                    f"{c['decode'].kernels} | {ratio('kernels')} |")
+                    f"{encode}{mark(encode, stock['encode'].syncs)} | {decode}{mark(decode, stock['decode'].syncs)} | "
+                    f"{c['decode'].total} | {ratio('total')} | {c['decode'].kernels} | {ratio('kernels')} |")
     return "\n".join(rows)
 
 

@@ -286,6 +286,24 @@ def optimizer_masters(optimizer, params):
     return [flat.detach()[offsets[id(p)]:offsets[id(p)] + p.numel()] for p in params]
 
 
+def optimizer_gradients(optimizer, params):
+    """The gradients ``optimizer`` applied to ``params`` at its last step, in float32: those of FP16Optimizer's
+    float32 masters (unscaled and normalised there), else the parameters' own (MemoryEfficientFP16Optimizer unscales
+    them in place); None for a parameter without one."""
+    fp32_params = getattr(optimizer, "fp32_params", None)
+    if fp32_params is None:
+        return [None if p.grad is None else p.grad.detach().float() for p in params]
+    if not optimizer.has_flat_params:
+        copies = dict(zip(map(id, optimizer.fp16_params), optimizer.fp32_params))
+        return [None if copies[id(p)].grad is None else copies[id(p)].grad.detach().view_as(p) for p in params]
+    (flat,) = fp32_params.values()
+    offsets, offset = {}, 0
+    for p in optimizer.fp16_params:
+        offsets[id(p)] = offset
+        offset += p.numel()
+    return [flat.grad.detach()[offsets[id(p)]:offsets[id(p)] + p.numel()].view_as(p) for p in params]
+
+
 def largest_tensor_created(fn):
     """``fn()``'s result and the number of elements of the largest tensor any torch operation created while it ran
     (a memory measure that does not depend on the allocator: no intermediate is larger than this)."""

@@ -1,17 +1,21 @@
 """KERPLE (issue 18): the two kernels against a hand computation of the paper's Eq. 7-8, the projection
 that keeps r₁, r₂ in range, parameters per layer and head, and a trained model that reloads exactly."""
 
+import argparse
 import math
 from types import SimpleNamespace
 
 import pytest
 import torch
+from fairseq.models import ARCH_CONFIG_REGISTRY
 
 from fairseq_pe.errors import UserError
+from fairseq_pe.models.options import upgrade_saved_options
+from fairseq_pe.models.transformer_pe import TransformerPEModel
 from fairseq_pe.positional import build_position_encoding
 from fairseq_pe.positional.kerple import EPS
 
-from helpers import build_model, fairseq_optimizer, optimizer_masters, random_tokens
+from helpers import build_model, dictionary, fairseq_optimizer, optimizer_masters, random_tokens
 
 
 def kerple(name, heads=2, blocks=2, causal=False, **args):
@@ -126,20 +130,108 @@ def test_shared_by_all_layers_as_the_authors_code(name):
         build_model("--pe-absolute", "none", "--pe-relative", name, "--pe-relative-untie-heads")
 
 
-@pytest.mark.parametrize("name", ["kerple-log", "kerple-power"])
-def test_a_checkpoint_with_a_pair_per_layer_loads_as_trained(name):
-    """Checkpoints of fairseq-pe before the sharing hold one pair per layer: a model built from their options (no
-    untie flag) takes their shape and computes what they computed."""
+def kerple_parameters(model):
+    return [getattr(side.embed_positions.relative, n) for side in (model.encoder, model.decoder) for n in ("r1", "r2")]
+
+
+def trained_per_layer(name):
     trained, d = build_model("--pe-absolute", "none", "--pe-relative", name, "--pe-relative-untie-layers", seed=3)
     with torch.no_grad():
         for side in (trained.encoder, trained.decoder):
             side.embed_positions.relative.r1.uniform_(0.1, 2.0)  # different per layer
-    loaded, _ = build_model("--pe-absolute", "none", "--pe-relative", name, seed=4)
-    loaded.load_state_dict(trained.state_dict())
-    assert loaded.encoder.embed_positions.relative.r1.shape == (2, 4)
+    return trained, d
+
+
+def assert_same_outputs(model, other, d):
     src, prev = random_tokens(d, 2, 9, left_pad=(0, 3)), random_tokens(d, 2, 6, seed=1)
     with torch.no_grad():
-        torch.testing.assert_close(loaded(src, torch.tensor([9, 6]), prev)[0], trained(src, torch.tensor([9, 6]), prev)[0])
+        torch.testing.assert_close(model(src, torch.tensor([9, 6]), prev)[0], other(src, torch.tensor([9, 6]), prev)[0])
+
+
+def assert_loaded_in_place_and_trained(model, state, d):
+    """``model.load_state_dict(state)`` copies into r₁, r₂ of the model, which an optimizer built before the load
+    then updates (issue 39, 4c: fairseq's Trainer wraps the model in DDP before it loads a checkpoint)."""
+    before = kerple_parameters(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.load_state_dict(state)
+    after = kerple_parameters(model)
+    assert [id(p) for p in after] == [id(p) for p in before]
+    loaded = [p.detach().clone() for p in after]
+    model.train()
+    out, _ = model(random_tokens(d, 2, 9), torch.tensor([9, 9]), random_tokens(d, 2, 7, seed=9))
+    out.float().pow(2).mean().backward()
+    optimizer.step()
+    assert all(not torch.equal(p.detach(), value) for p, value in zip(kerple_parameters(model), loaded))
+    model.eval()
+
+
+def built_from_options_saved_by_0_1(name, seed):
+    """A model as fairseq builds one from a checkpoint of fairseq-pe 0.1: the options 0.1 saved (its architecture
+    function's: pe_sandwich_dim None, no pe_sandwich_first_frequency, no untie flag, which KERPLE refused then),
+    upgraded as the checkpoint loader upgrades them (upgrade_saved_options), then the architecture and the model."""
+    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)  # as fairseq does
+    TransformerPEModel.add_args(parser)
+    args = parser.parse_args(["--pe-absolute", "none", "--pe-relative", name])
+    args.pe_relative_untie_layers, args.pe_sandwich_dim = False, None
+    upgrade_saved_options(args)
+    ARCH_CONFIG_REGISTRY["transformer_pe_tiny"](args)
+    d = dictionary(20)
+    torch.manual_seed(seed)
+    return TransformerPEModel.build_model(args, SimpleNamespace(source_dictionary=d, target_dictionary=d)).eval()
+
+
+@pytest.mark.parametrize("name", ["kerple-log", "kerple-power"])
+def test_a_checkpoint_of_fairseq_pe_0_1_loads_per_layer_as_trained(name):
+    """fairseq-pe 0.1 trained one pair per layer: a model built from the options it saved has a pair per layer
+    before it loads, the checkpoint loads into it in place, and it computes what it computed.  Options saved by 0.2
+    (pe_sandwich_first_frequency present) keep their layout."""
+    trained, d = trained_per_layer(name)
+    loaded = built_from_options_saved_by_0_1(name, seed=4)
+    assert loaded.encoder.embed_positions.relative.r1.shape == (2, 4)
+    assert loaded.decoder.embed_positions.relative.untie_layers
+    assert_loaded_in_place_and_trained(loaded, trained.state_dict(), d)
+    loaded.load_state_dict(trained.state_dict())
+    assert_same_outputs(loaded, trained, d)
+    saved_by_0_2 = SimpleNamespace(pe_relative=name, pe_relative_untie_layers=False, pe_sandwich_dim=None,
+                                   pe_sandwich_first_frequency=None)
+    assert not upgrade_saved_options(saved_by_0_2).pe_relative_untie_layers
+
+
+@pytest.mark.parametrize("name", ["kerple-log", "kerple-power"])
+def test_a_pair_per_layer_into_one_pair_for_all_layers_is_refused_by_name(name):
+    """Loading used to replace r₁, r₂ of a model with one pair for all layers by new Parameter objects of the
+    checkpoint's shape, which DDP (built first by fairseq's Trainer) did not reduce.  The model keeps its parameters
+    and values, and the error names the flag that builds the checkpoint's layout."""
+    trained, _ = trained_per_layer(name)
+    shared, _ = build_model("--pe-absolute", "none", "--pe-relative", name, seed=4)
+    before = kerple_parameters(shared)
+    values = [p.detach().clone() for p in before]
+    with pytest.raises(UserError, match="one pair per layer.*--pe-relative-untie-layers"):
+        shared.load_state_dict(trained.state_dict())
+    assert [id(p) for p in kerple_parameters(shared)] == [id(p) for p in before]
+    assert all(torch.equal(p, v) for p, v in zip(kerple_parameters(shared), values))
+
+
+@pytest.mark.parametrize("name", ["kerple-log", "kerple-power"])
+def test_one_pair_for_all_layers_loads_into_a_pair_per_layer(name):
+    """A checkpoint with one pair for all layers (0.2's default), loaded with --pe-relative-untie-layers (e.g. a
+    fine-tuning that unties them): every layer gets that pair, in place, and the model computes what it computed."""
+    shared, d = build_model("--pe-absolute", "none", "--pe-relative", name, seed=3)
+    untied, _ = build_model("--pe-absolute", "none", "--pe-relative", name, "--pe-relative-untie-layers", seed=4)
+    assert_loaded_in_place_and_trained(untied, shared.state_dict(), d)
+    untied.load_state_dict(shared.state_dict())
+    for side in ("encoder", "decoder"):
+        for n in ("r1", "r2"):
+            value = getattr(getattr(untied, side).embed_positions.relative, n)
+            assert torch.equal(value, getattr(getattr(shared, side).embed_positions.relative, n).expand(2, -1))
+    assert_same_outputs(untied, shared, d)
+
+
+@pytest.mark.parametrize("name", ["kerple-log", "kerple-power"])
+def test_a_checkpoint_with_its_models_layout_loads_in_place(name):
+    trained, d = trained_per_layer(name)
+    again, _ = build_model("--pe-absolute", "none", "--pe-relative", name, "--pe-relative-untie-layers", seed=4)
+    assert_loaded_in_place_and_trained(again, trained.state_dict(), d)
 
 
 @pytest.mark.parametrize("name", ["kerple-log", "kerple-power"])

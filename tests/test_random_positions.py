@@ -143,6 +143,70 @@ def test_evaluation_gives_each_sentence_its_own_fixed_draw():
     torch.testing.assert_close(alone[:, 0], batch[3:, 1], rtol=1e-5, atol=1e-5)
 
 
+def _reference_keys(sentence, limit):
+    """``_keys_seeded_by_tokens`` of one sentence (its real tokens) in Python's integers: MurmurHash3's fmix32."""
+    def fmix32(h):
+        h ^= h >> 16
+        h = h * 0x85EBCA6B & 0xFFFFFFFF
+        h ^= h >> 13
+        h = h * 0xC2B2AE35 & 0xFFFFFFFF
+        return h ^ (h >> 16)
+
+    total = sum(fmix32((token + fmix32((i + 1) * 0x9E3779B9 & 0xFFFFFFFF)) & 0xFFFFFFFF)
+                for i, token in enumerate(sentence))
+    sentence_hash = fmix32((total + len(sentence) * 0x9E3779B9) & 0xFFFFFFFF)
+    return [fmix32(fmix32((c + 1) * 0x9E3779B9 & 0xFFFFFFFF) ^ sentence_hash) for c in range(limit)]
+
+
+def test_evaluation_draws_are_exact_integer_functions_of_the_sentence():
+    """The evaluation keys are computed on the tokens' device in int64 without overflow: bit for bit the reference
+    in Python's integers (so the CPU and CUDA give the same draws), distinct within a row (``topk`` has no ties to
+    break differently on another device), and the same for a sentence whatever its batch, padding side, width or
+    token dtype."""
+    from fairseq_pe.positional.injector import token_positions
+    from fairseq_pe.positional.random_positions import _keys_seeded_by_tokens
+
+    pad, limit = 1, 40
+    g = torch.Generator().manual_seed(0)
+    sentences = [torch.randint(4, 1 << 31, (n,), generator=g) for n in (1, 5, 12, 30)] + [torch.tensor([4, 5, 6])]
+    tokens = torch.full((len(sentences), 30), pad)
+    for row, sentence in enumerate(sentences):
+        tokens[row, 30 - len(sentence):] = sentence  # left-padded, as fairseq's source
+    keys = _keys_seeded_by_tokens(tokens, token_positions(tokens, pad), limit)
+    assert keys.tolist() == [_reference_keys(sentence.tolist(), limit) for sentence in sentences]
+    assert all(len(set(row)) == limit for row in keys.tolist())
+
+    def draws(batch):
+        return sample_positions(token_positions(batch, pad), limit, batch)
+
+    left = draws(tokens)
+    right = torch.full((len(sentences), 34), pad)  # right-padded, wider, in another order
+    for row, sentence in enumerate(reversed(sentences)):
+        right[row, :len(sentence)] = sentence
+    for row, sentence in enumerate(reversed(sentences)):
+        n = len(sentence)
+        expected = left[len(sentences) - 1 - row, 30 - n:]
+        assert torch.equal(draws(right)[row, :n], expected)
+        assert torch.equal(draws(right[row:row + 1, :n].int())[0], expected)
+    shuffled = torch.tensor([[6, 5, 4]])  # the same tokens in another order: another sentence
+    assert not torch.equal(draws(shuffled), left[-1:, -3:])
+
+
+def test_evaluation_draws_are_uniform_over_sentences():
+    """Over 20,000 distinct sentences of 3 tokens, each of L = 16 positions is drawn as often (χ² with 15 degrees
+    of freedom below 37.7, its 0.1% point), every one of the C(16, 3) = 560 subsets occurs, and the smallest
+    position averages (L + 1)/(n + 1) − 1 = 3.25, as training's draws."""
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randperm(1 << 20, generator=g)[:20000].view(-1, 1) * 3 + torch.tensor([4, 5, 6])
+    positions = torch.arange(3).repeat(len(tokens), 1)
+    draws = sample_positions(positions, 16, tokens)
+    counts = torch.bincount(draws.flatten(), minlength=16).double()
+    expected = counts.sum() / 16
+    assert float(((counts - expected) ** 2 / expected).sum()) < 37.7
+    assert len(set(map(tuple, draws.tolist()))) == 560
+    assert abs(float(draws[:, 0].double().mean()) - 3.25) < 0.05  # sd of the mean ≈ 0.02
+
+
 def test_spaced_evaluation_positions_are_trainings_mean_draws_for_the_sources_length():
     """The reference: training's draws for a target of m tokens.  The k-th smallest of m uniform distinct draws
     from [0, L) averages (L+1)·k/(m+1) − 1; ``spaced_positions`` gives its floor for t < m, then steps of 1."""
@@ -217,3 +281,74 @@ def test_spaced_evaluation_in_half_precision_takes_float32s_positions(name, dtyp
             step = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
             torch.testing.assert_close(step[:, -1].float(), got[:, t].float(), rtol=0, atol=0.02 * float(
                 got.float().abs().max()))
+
+
+LEARNED_SPACED = ("--pe-absolute", "learned", "--max-source-positions", "64", "--max-target-positions", "64",
+                  "--pe-random-positions", "64")
+
+
+def test_spaced_evaluation_with_a_learned_table_checks_the_positions_it_uses():
+    """Issue 39 4a: with a learned APE of 64 rows and L = 64, a source of 9 and a target of 5 tokens uses spaced
+    positions up to 31 (unpadded) and at most 53 for any source lengths a padded batch of width 9 can hold: both fit
+    the table and training's range, and the decoder reads the table rows of exactly those positions (the check was
+    of L + T = 69 against the table, which refused every evaluation pass)."""
+    from fairseq_pe.positional.random_positions import spaced_positions
+
+    model, d = build_model(*LEARNED_SPACED, overrides={"pe_random_eval_decoder": "spaced"})
+    injector = model.decoder.embed_positions
+    table = injector.absolute.weight[0]
+    for pad in ((), (0, 4)):  # unpadded (the encoder returns no mask), and padded
+        src, prev = random_tokens(d, 2, 9, left_pad=pad), random_tokens(d, 2, 5, seed=1)
+        lengths = torch.tensor([9 - (pad[i] if i < len(pad) else 0) for i in range(2)])
+        with torch.no_grad():
+            model(src, lengths, prev)
+            expected = spaced_positions(torch.arange(5).unsqueeze(0).repeat(2, 1), lengths, 64)
+            assert injector.positions.tolist() == expected.tolist()
+            assert int(expected.max()) < 64 and injector.length <= 64
+            torch.testing.assert_close(injector.vectors(1), table[expected], rtol=0, atol=0)
+            assert_incremental_equals_full(model, d)
+
+
+def test_spaced_evaluation_with_a_learned_table_refuses_a_position_training_never_drew():
+    """A hypothesis longer than its source goes on 1 apart past the source's spaced positions: past L − 1 the
+    learned table's row was never trained (training draws from [0, L)), so the pass is refused by name, never read
+    or clamped.  Decided from the sizes alone (no host sync): exactly when nothing is padded (every source has the
+    batch's width m: the last position is pos(m − 1) + T − m), for the worst source length a padded batch of that
+    width can hold otherwise."""
+    model, d = build_model(*LEARNED_SPACED, overrides={"pe_random_eval_decoder": "spaced"})
+    src = random_tokens(d, 2, 9)
+    # m = 9: pos(8) = ⌊9·65/10⌋ − 1 = 57, so T = 15 reaches 57 + 6 = 63 (the last trained row) and T = 16 needs 64
+    with torch.no_grad():
+        model(src, torch.tensor([9, 9]), random_tokens(d, 2, 15, seed=1))
+        assert int(model.decoder.embed_positions.positions.max()) == 63
+        for pad in ((), (0, 4)):
+            with pytest.raises(UserError, match=r"--pe-random-eval-decoder spaced with --pe-random-positions 64: 16 "
+                                                r"target tokens after a source of 9 tokens.* need position 64"):
+                model(random_tokens(d, 2, 9, left_pad=pad), torch.tensor([9, 9 - len(pad) * 2]),
+                      random_tokens(d, 2, 16, seed=1))
+        # step by step: the same refusal at the step that needs the position
+        enc = model.encoder(src, torch.tensor([9, 9]))
+        prev, state = random_tokens(d, 2, 16, seed=1), {}
+        for t in range(15):
+            model.decoder(prev[:, :t + 1], encoder_out=enc, incremental_state=state)
+        with pytest.raises(UserError, match="--pe-random-eval-decoder spaced"):
+            model.decoder(prev, encoder_out=enc, incremental_state=state)
+    # an encoding without a table extrapolates past L as before: nothing refused
+    model, d = build_model("--pe-absolute", "sinusoidal", "--pe-random-positions", "64",
+                           overrides={"pe_random_eval_decoder": "spaced"})
+    with torch.no_grad():
+        model(src, torch.tensor([9, 9]), random_tokens(d, 2, 16, seed=1))
+    assert int(model.decoder.embed_positions.positions.max()) == 64
+
+
+def test_the_spaced_bound_is_the_largest_position_plus_one_for_every_source_length_the_shapes_allow():
+    """``spaced_position_bound`` against ``spaced_positions`` itself, over every source length 1..width."""
+    from fairseq_pe.positional.random_positions import spaced_position_bound, spaced_positions
+
+    for limit in (4, 17, 64):
+        for width in range(1, limit + 1, 3):
+            for target in range(1, limit + 8, 2):
+                indices = torch.arange(target).unsqueeze(0)
+                largest = [int(spaced_positions(indices, torch.tensor([m]), limit).max()) for m in range(1, width + 1)]
+                assert spaced_position_bound(limit, target, width, padded=False) == largest[-1] + 1
+                assert spaced_position_bound(limit, target, width, padded=True) == max(largest) + 1

@@ -105,22 +105,35 @@ def test_the_flags_on_the_command_line():
 
 
 def test_the_options_a_new_model_saves_keep_its_defaults_and_a_0_1_models_keep_its_own():
-    """The architecture function writes 'head' and 1 into the options a checkpoint saves; the options that
-    fairseq-pe 0.1 saved (pe_sandwich_dim None, no pe_sandwich_first_frequency) get 'model' and 0."""
+    """The architecture function writes 'head' and 1 into the options a checkpoint saves, and a command line's
+    --pe-sandwich-dim keeps k from 1; the options that fairseq-pe 0.1 saved (no pe_sandwich_first_frequency, which
+    0.2 always saves) get k from 0 when a checkpoint is loaded, and d̄ the model's where 0.1 left it None."""
     from argparse import Namespace
 
-    from fairseq_pe.models.options import position_encoding_defaults
+    from fairseq_pe.models.options import position_encoding_defaults, upgrade_saved_options
     new = Namespace(pe_absolute="none", pe_relative="sandwich")  # a command line, as fairseq parses it
     position_encoding_defaults(new)
     assert (new.pe_sandwich_dim, new.pe_sandwich_first_frequency) == ("head", 1)
-    position_encoding_defaults(new)  # loaded again from its checkpoint
+    upgrade_saved_options(new)  # saved in a checkpoint and loaded again
+    position_encoding_defaults(new)
     assert (new.pe_sandwich_dim, new.pe_sandwich_first_frequency) == ("head", 1)
     old = Namespace(pe_absolute="none", pe_relative="sandwich", pe_sandwich_dim=None)
     position_encoding_defaults(old)
     assert (old.pe_sandwich_dim, old.pe_sandwich_first_frequency) == ("model", 0)
-    given = Namespace(pe_absolute="none", pe_relative="sandwich", pe_sandwich_dim=16)
+    given = Namespace(pe_absolute="none", pe_relative="sandwich", pe_sandwich_dim=16)  # a command line
     position_encoding_defaults(given)
     assert (given.pe_sandwich_dim, given.pe_sandwich_first_frequency) == (16, 1)
+    upgrade_saved_options(given)  # then saved by 0.2: it has pe_sandwich_first_frequency
+    assert (given.pe_sandwich_dim, given.pe_sandwich_first_frequency) == (16, 1)
+    for dim in (None, 16, "model", "head"):  # 0.1's saved options, with or without --pe-sandwich-dim
+        saved = Namespace(pe_absolute="none", pe_relative="sandwich", pe_sandwich_dim=dim)
+        upgrade_saved_options(saved)
+        position_encoding_defaults(saved)
+        assert (saved.pe_sandwich_dim, saved.pe_sandwich_first_frequency) == ("model" if dim is None else dim, 0)
+    other = Namespace(pe_absolute="none", pe_relative="alibi", pe_sandwich_dim=None)  # 0.1, not Sandwich
+    upgrade_saved_options(other)
+    position_encoding_defaults(other)
+    assert (other.pe_sandwich_dim, other.pe_sandwich_first_frequency) == (None, None)
 
 
 def test_a_checkpoint_of_fairseq_pe_0_1_loads_and_computes_what_it_computed():
@@ -147,6 +160,61 @@ def test_a_checkpoint_of_fairseq_pe_0_1_loads_and_computes_what_it_computed():
         other = model.get_normalized_probs(model(src, torch.full((src.size(0),), src.size(1)),
                                                  expected["prev_output_tokens"]), log_probs=True)
     assert (other - expected["log_probs"]).abs().max() > 1e-3
+
+
+def _fixture_with_options(tmp_path, **options):
+    """tests/fixtures/checkpoints-0.1-sandwich's checkpoint with its saved model options changed (or removed: None)."""
+    from helpers import FIXTURES
+    folder = os.path.join(FIXTURES, "checkpoints-0.1-sandwich")
+    state = torch.load(os.path.join(folder, "checkpoint.pt"), weights_only=False)
+    saved = state["cfg"]["model"]
+    for name, value in options.items():
+        if value is None:
+            delattr(saved, name)
+        else:
+            setattr(saved, name, value)
+    path = tmp_path / "checkpoint.pt"
+    torch.save(state, path)
+    for name in ("dict.src.txt", "dict.tgt.txt"):
+        (tmp_path / name).write_bytes(open(os.path.join(folder, name), "rb").read())
+    return path, torch.load(os.path.join(folder, "expected.pt"))
+
+
+def _load(path):
+    from fairseq import checkpoint_utils
+    (model,), _ = checkpoint_utils.load_model_ensemble(
+        [str(path)], arg_overrides={"data": str(path.parent), "source_lang": "src", "target_lang": "tgt"})
+    return model.eval()
+
+
+def _log_probs(model, expected):
+    src = expected["src_tokens"]
+    with torch.no_grad():
+        out = model(src, torch.full((src.size(0),), src.size(1)), expected["prev_output_tokens"])
+        return model.get_normalized_probs(out, log_probs=True)
+
+
+def test_a_0_1_checkpoint_trained_with_an_explicit_dim_loads_with_k_from_0(tmp_path):
+    """Issue 39 4b: fairseq-pe 0.1 always summed k from 0, whatever --pe-sandwich-dim; a 0.1 checkpoint trained with
+    --pe-sandwich-dim 16 (the fixture's 16 dimensions given explicitly, as 0.1 saved it: pe_sandwich_dim 16, no
+    pe_sandwich_first_frequency) loads with k from 0 and computes what 0.1 computed.  The same options as 0.2 saves
+    them (with pe_sandwich_first_frequency 1) keep k from 1, which computes something else."""
+    path, expected = _fixture_with_options(tmp_path, pe_sandwich_dim=16)
+    model = _load(path)
+    for side in (model.encoder, model.decoder):
+        assert (side.embed_positions.relative.dim, side.embed_positions.relative.first_frequency) == (16, 0)
+    torch.testing.assert_close(_log_probs(model, expected), expected["log_probs"], rtol=1e-6, atol=1e-6)
+    path, _ = _fixture_with_options(tmp_path, pe_sandwich_dim=16, pe_sandwich_first_frequency=1)
+    model = _load(path)
+    assert model.encoder.embed_positions.relative.first_frequency == 1
+    assert (_log_probs(model, expected) - expected["log_probs"]).abs().max() > 1e-3
+    # an override at load time (fairseq-generate --model-overrides) is an option given: it is kept
+    from fairseq import checkpoint_utils
+    path, _ = _fixture_with_options(tmp_path, pe_sandwich_dim=16)
+    (model,), _ = checkpoint_utils.load_model_ensemble(
+        [str(path)], arg_overrides={"data": str(tmp_path), "source_lang": "src", "target_lang": "tgt",
+                                    "pe_sandwich_first_frequency": 1})
+    assert model.encoder.embed_positions.relative.first_frequency == 1
 
 
 def test_dim_flag_for_another_family_is_refused():

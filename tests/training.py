@@ -34,12 +34,38 @@ def dictionary_dir(root, vocab: int = 40) -> str:
 def build_trainer(data_dir, *flags, seed: int = 1):
     """fairseq's Trainer, task, model and criterion for ``fairseq-train DATA --user-dir fairseq_pe --cpu ... FLAGS``
     (label-smoothed cross-entropy, Adam, no dropout), the model initialised from ``seed``."""
+    return _trainer(convert_namespace_to_omegaconf(_training_args(data_dir, flags, seed)), seed)
+
+
+def build_trainers(data_dir, variants, *flags, seed: int = 1):
+    """{key: :func:`build_trainer` (data_dir, *flags, *variant flags)} for each ``key: variant flags`` of
+    ``variants``, with fairseq's configuration converted once (the conversion takes 2 s a trainer): the variants
+    may differ only in ``cfg.common`` (the precision flags, ``--fp16-init-scale``), which is checked."""
+    import copy
+
+    base = _training_args(data_dir, flags, seed)
+    cfg = convert_namespace_to_omegaconf(base)
+    trainers = {}
+    for key, extra in variants.items():
+        args = _training_args(data_dir, [*flags, *extra], seed)
+        changed = {k for k in set(vars(args)) | set(vars(base)) if getattr(args, k, None) != getattr(base, k, None)}
+        assert changed <= set(cfg.common), f"{extra} changes options outside cfg.common: {changed - set(cfg.common)}"
+        variant = copy.deepcopy(cfg)
+        for k in changed:
+            variant.common[k] = getattr(args, k)
+        trainers[key] = _trainer(variant, seed)
+    return trainers
+
+
+def _training_args(data_dir, flags, seed):
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
+    return options.parse_args_and_arch(parser, [
         str(data_dir), "--user-dir", PLUGIN, "--task", "translation", "-s", "src", "-t", "tgt", "--cpu",
         "--optimizer", "adam", "--lr", "0.003", "--criterion", "label_smoothed_cross_entropy",
         "--label-smoothing", "0.1", "--dropout", "0", "--seed", str(seed), "--max-tokens", "100000", *flags])
-    cfg = convert_namespace_to_omegaconf(args)
+
+
+def _trainer(cfg, seed):
     previous = logging.root.manager.disable
     logging.disable(logging.INFO)  # the trainer's model summary
     try:

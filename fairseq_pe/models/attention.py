@@ -32,6 +32,7 @@ along three paths, whose results agree to float rounding:
   blockwise path in one block, with the weights returned.
 """
 
+import contextlib
 from typing import Dict, Optional
 
 import torch
@@ -50,6 +51,19 @@ BLOCK_ELEMENTS = 1 << 22
 #: the fused path, what it hands to torch's kernel (q, k, v, attn_mask, dropout_p, is_causal); see
 #: :mod:`fairseq_pe.models.attention_probe`
 observer = None
+
+
+def autocast_off(device: torch.device, off: bool = True):
+    """A region where autocast (fairseq's ``--amp``: CUDA's autocast to fp16) leaves the dtypes as they are, where
+    ``off``.  Autocast runs SDPA and ``bmm`` in its lower precision whatever their inputs' dtype: it would cast the
+    queries and keys an encoding keeps in float32 (xPos's scaled ones, whose keys leave fp16's range past a few
+    thousand positions) back to fp16.  A device type autocast does not know (meta) has nothing to turn off."""
+    if off:
+        try:
+            return torch.autocast(device.type, enabled=False)
+        except RuntimeError:
+            pass
+    return contextlib.nullcontext()
 
 
 def saturated(bias: Tensor, masking: Optional[Tensor], dtype, shift: bool = True) -> Tensor:
@@ -234,33 +248,37 @@ class PositionAttention(MultiheadAttention):
             self._set_input_buffer(incremental_state, saved)
 
         value_dtype = v.dtype
-        if q.dtype != v.dtype:  # queries and keys kept in float32 by the encoding (xPos's scales in fp16)
+        # queries and keys kept in float32 by the encoding (xPos's scales in fp16, or under autocast): the attention
+        # runs in float32, autocast off (autocast_off), and the output projection gets the values' dtype back
+        float32 = q.dtype != v.dtype
+        if float32:
             v = v.to(q.dtype)
         if fused:
             return self._fused(q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim,
-                               value_dtype), None
+                               value_dtype, float32), None
 
         src_len = k.size(2)
         if observer is not None:
             observer(self, "explicit" if explicit else "blockwise")
-        if explicit:
-            out, probs, logits = self._explicit(q, k, v, attn_mask, key_padding_mask, query_offset, 0, tgt_len,
-                                                need_probs=True, before_softmax=before_softmax)
-            if before_softmax:
-                return logits.view(bsz * heads, tgt_len, src_len), v.reshape(bsz * heads, src_len, head_dim)
-        else:
-            rows = max(1, BLOCK_ELEMENTS // max(1, bsz * heads * src_len))
-            record = torch.is_grad_enabled()
-            blocks = []
-            for start in range(0, tgt_len, rows):
-                end = min(tgt_len, start + rows)
-                args = (q[:, :, start:end], k, v, attn_mask, key_padding_mask, query_offset, start, end)
-                if record:
-                    blocks.append(checkpoint(self._block, *args, use_reentrant=False))
-                else:
-                    blocks.append(self._block(*args))
-            out = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)
-            probs = None
+        with autocast_off(q.device, float32):
+            if explicit:
+                out, probs, logits = self._explicit(q, k, v, attn_mask, key_padding_mask, query_offset, 0, tgt_len,
+                                                    need_probs=True, before_softmax=before_softmax)
+                if before_softmax:
+                    return logits.view(bsz * heads, tgt_len, src_len), v.reshape(bsz * heads, src_len, head_dim)
+            else:
+                rows = max(1, BLOCK_ELEMENTS // max(1, bsz * heads * src_len))
+                record = torch.is_grad_enabled()
+                blocks = []
+                for start in range(0, tgt_len, rows):
+                    end = min(tgt_len, start + rows)
+                    args = (q[:, :, start:end], k, v, attn_mask, key_padding_mask, query_offset, start, end)
+                    if record:
+                        blocks.append(checkpoint(self._block, *args, use_reentrant=False))
+                    else:
+                        blocks.append(self._block(*args))
+                out = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)
+                probs = None
         out = self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim).to(value_dtype))
         weights = None
         if need_weights or need_head_weights:
@@ -269,8 +287,10 @@ class PositionAttention(MultiheadAttention):
                 weights = weights.mean(dim=0)
         return out, weights
 
-    def _fused(self, q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim, out_dtype=None):
-        """SDPA with one float mask, or ``is_causal`` (module docstring); returns the (T, B, E) output projection."""
+    def _fused(self, q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim, out_dtype=None,
+               float32=False):
+        """SDPA with one float mask, or ``is_causal`` (module docstring); returns the (T, B, E) output projection.
+        ``float32``: the encoding keeps q and k in float32, autocast must not lower them (:func:`autocast_off`)."""
         src_len = k.size(2)
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
@@ -297,8 +317,9 @@ class PositionAttention(MultiheadAttention):
         p = dropout.p if (self.training or dropout.apply_during_inference) else 0.0
         if observer is not None:
             observer(self, "fused", q=q, k=k, v=v, attn_mask=mask, dropout_p=p, is_causal=causal)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal,
-                                             scale=self.scaling)
+        with autocast_off(q.device, float32):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal,
+                                                 scale=self.scaling)
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
         return self.out_proj(out if out_dtype is None else out.to(out_dtype))
 

@@ -24,6 +24,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from fairseq_pe.errors import UserError
+from fairseq_pe.positional.base import refuse_data_parallel
 from fairseq_pe.positional.floater_bias import install_projection_biases
 
 from .attention import PositionAttention
@@ -82,14 +83,17 @@ def wrap_layer(layer, cfg):
     vectors), which are computed once per pass outside the layer, enter fairseq's checkpointed
     forward as explicit inputs: the recomputation then differentiates with respect to them and
     hands their gradients back to the shared computation (one ODE solve for all blocks), instead
-    of running backward through that shared graph once per layer.
+    of running backward through that shared graph once per layer.  So does the pass's
+    :class:`~fairseq_pe.positional.base.PassContext` (the rows' positions of the relative encoding,
+    ``pe_pass``): the recomputation in backward runs with its own pass's positions, also when another
+    forward pass (with positions of its own: randomised positions) ran between the two.
     """
     checkpoint = cfg.checkpoint_activations
     if checkpoint:
         checkpointed = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations).forward
 
         def forward(x, *args, **kwargs):
-            return checkpointed(x, *args, **layer.position_inputs(), **kwargs)
+            return checkpointed(x, *args, **layer.position_inputs(), **layer.pass_inputs(), **kwargs)
 
         layer.forward = forward
     return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
@@ -124,10 +128,20 @@ class BlockPositionMixin:
         if injector.all_blocks and self.block > 1:
             inputs["pe_block"] = injector.block_vectors(self.block)
         for kind, bias in (("self", injector.self_bias), ("cross", injector.cross_bias)):
-            if bias is not None and (kind == "self" or getattr(self, "encoder_attn", None) is not None):
+            # cross-attention runs (and its biases are computed) only in a pass with a source
+            if bias is not None and (kind == "self" or (getattr(self, "encoder_attn", None) is not None
+                                                        and injector.source_positions is not None)):
                 for index in range(3):
                     inputs[f"pe_{kind}_{index}"] = injector.attention_bias(kind, self.block, index)
         return inputs
+
+    def pass_inputs(self):
+        """The pass's shared position state, given with the position tensors to a checkpointed call (``pe_pass``)."""
+        relative = self.self_attn.relative
+        return {} if relative is None else {"pe_pass": relative.context}
+
+    def _replicate_for_data_parallel(self):
+        refuse_data_parallel()
 
     def position_tensor(self, name: str, compute):
         """The position tensor ``name`` given to this call, else ``compute()``."""
@@ -136,6 +150,11 @@ class BlockPositionMixin:
 
     def forward(self, x, *args, **kwargs):
         given = {k: kwargs.pop(k) for k in [k for k in kwargs if k.startswith("pe_")]}
+        context = given.pop("pe_pass", None)
+        relative = self.self_attn.relative
+        current = relative.context if context is not None else None
+        if context is not None:  # a checkpointed call, maybe recomputed in backward after another pass began
+            relative.context = context
         self.given_positions = given or None
         try:
             injector = self.position_injector
@@ -144,6 +163,8 @@ class BlockPositionMixin:
             return super().forward(x, *args, **kwargs)
         finally:
             self.given_positions = None
+            if context is not None:
+                relative.context = current
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         # (a relative encoding refuses add_bias_kv / add_zero_attn in PositionAttention.attach_relative)

@@ -1,6 +1,7 @@
 """Command-line options shared by every model of the plugin (``transformer_pe``, later ``roberta_pe``)."""
 
 import argparse
+import contextlib
 
 from fairseq_pe.errors import UserError, as_user_errors
 from fairseq_pe.positional import position_encoding_choices
@@ -142,6 +143,42 @@ def _saved_by_fairseq_pe_0_1(args) -> bool:
     Today's never leave it None, and fairseq's parser (``argument_default=SUPPRESS``) omits a flag not given."""
     return (_has_option(args, "pe_sandwich_dim") and getattr(args, "pe_sandwich_dim") is None
             and not _has_option(args, "pe_sandwich_first_frequency"))
+
+
+def upgrade_saved_options(args):
+    """The model options of a loaded checkpoint, before its model is built (fairseq's checkpoint loader,
+    :mod:`fairseq_pe.compat`).  fairseq-pe 0.1's are told by what 0.2 always saves: ``pe_sandwich_first_frequency``
+    (the architecture function writes it into every model's options, None outside Sandwich).  A 0.1 Sandwich model
+    summed k from 0 whatever its ``--pe-sandwich-dim``, and left d̄ None for the embedding dimension: it gets
+    ``pe_sandwich_first_frequency`` 0, and d̄ ``model`` where it was None.  Only a checkpoint's options are read so:
+    a command line omits every option not given (fairseq's parser), so there the absence says nothing.  An option
+    given at loading (``--model-overrides``) is present, and kept.  A 0.1 KERPLE model had one pair r₁, r₂ per layer
+    (0.2 shares one pair by all layers; 0.1 refused the untie flag): it gets ``pe_relative_untie_layers``."""
+    if args is not None and getattr(args, "pe_relative", None) in ("kerple-log", "kerple-power") \
+            and not _has_option(args, "pe_sandwich_first_frequency"):
+        from omegaconf import OmegaConf, open_dict
+
+        with open_dict(args) if OmegaConf.is_config(args) else contextlib.nullcontext():
+            args.pe_relative_untie_layers = True
+    if args is None or getattr(args, "pe_relative", None) != "sandwich" \
+            or _has_option(args, "pe_sandwich_first_frequency"):
+        return args
+    from omegaconf import OmegaConf, open_dict
+
+    with open_dict(args) if OmegaConf.is_config(args) else contextlib.nullcontext():
+        args.pe_sandwich_first_frequency = 0
+        if getattr(args, "pe_sandwich_dim", None) is None:
+            args.pe_sandwich_dim = "model"
+    return args
+
+
+def upgrade_checkpoint_options(state):
+    """:func:`upgrade_saved_options` on a loaded checkpoint's model options (``cfg.model``, and the old ``args``)."""
+    cfg = state.get("cfg")
+    if cfg is not None and cfg.get("model") is not None:
+        upgrade_saved_options(cfg["model"])
+    upgrade_saved_options(state.get("args"))
+    return state
 
 
 def sandwich_dim(value: str):

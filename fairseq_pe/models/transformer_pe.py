@@ -112,6 +112,7 @@ class TransformerPEDecoder(TransformerDecoderBase):
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
         injector = self.embed_positions
         length = prev_output_tokens.size(1)
+        injector.forget_source()  # a pass without encoder_out has no source: nothing of the last one's is read
         if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
             enc = encoder_out["encoder_out"][0]  # (S, B, C)
             mask = encoder_out["encoder_padding_mask"]

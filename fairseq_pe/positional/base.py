@@ -139,6 +139,18 @@ class PassContext(PassState):
         return self[key]
 
 
+def refuse_data_parallel():
+    """``nn.DataParallel`` on two or more devices (``torch.nn.parallel.replicate``) is refused by name: its replicas
+    are shallow copies run in threads, whose layers would reach the pass's positions through their plain references
+    to the original model's encodings (:class:`PassContext`): every replica would read, and race on, one pass's
+    state, and compute with the original's parameters.  fairseq's data parallelism is DDP (a process per device,
+    each with its own model), which needs nothing of this."""
+    raise UserError("nn.DataParallel on several devices is not supported by fairseq_pe models: its replicas run in "
+                    "threads and would share the position encodings' state of the pass under way. Use fairseq's "
+                    "DistributedDataParallel (fairseq-train on several GPUs: one process per GPU, "
+                    "--distributed-world-size N), or run the model on one device")
+
+
 class PositionOutOfRangeError(UserError):
     """A position beyond what an encoding can represent was requested."""
 

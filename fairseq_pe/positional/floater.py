@@ -457,6 +457,34 @@ class FloaterFlow(Float32State):
     def set_num_updates(self, num_updates):
         self.num_updates = num_updates
 
+    # ---- resuming (--pe-floater-refresh-updates) ------------------------------------------------------------
+    def training_state(self) -> dict:
+        """What a resumed training needs beyond the parameters: the solution reused until the next refresh and the
+        period it was solved in (its θ has been updated since, so it cannot be solved again).  fairseq's trainer
+        keeps it in the checkpoint's extra state, not in the model's state dict (:mod:`fairseq_pe.compat`, fix 9).
+        The period is ``num_updates // N``, and ``num_updates`` is the trainer's, which the checkpoint holds.  Under
+        DDP only rank 0's is saved, and every rank resumes with it: a rank whose own solution was longer may solve
+        again within the period, so a resumed DDP training with a refresh is not bit-identical to the uninterrupted
+        one (in one process it is: tests/test_resume.py)."""
+        r = self._refresh
+        return {} if r is None else {"refresh_updates": self.refresh_updates, "refresh_period": r["period"],
+                                     "refresh_states": r["states"]}
+
+    def load_training_state(self, state: dict):
+        """The solution that :meth:`training_state` kept, so that the resumed training reuses it until the refresh
+        at which the uninterrupted one would have solved again (not when the resumed training refreshes at another
+        interval: its periods are others)."""
+        self._refresh = None
+        if state.get("refresh_states") is not None and state.get("refresh_updates") == self.refresh_updates:
+            device = next(iter(self.floater_parameters())).device
+            self._refresh = {"period": int(state["refresh_period"]), "states": state["refresh_states"].to(device)}
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        # loaded parameters: a solution from the earlier ones is stale (a resumed training restores its own after)
+        self._refresh = None
+        self._cache = None
+        return super()._load_from_state_dict(*args, **kwargs)
+
     def train(self, mode: bool = True):
         # optimizers update ``p.data`` (no version bump): a mode switch always drops the cache
         self._cache = None

@@ -19,8 +19,9 @@ import torch.nn.functional as F
 
 from fairseq_pe.errors import UserError
 
-from .base import AbsolutePositionEncoding, PassState, RelativePositionEncoding
-from .random_positions import sample_positions, spaced_positions
+from .base import AbsolutePositionEncoding, PassState, RelativePositionEncoding, refuse_data_parallel
+from .random_positions import (sample_positions, spaced_position_bound, spaced_positions,
+                               spaced_source_length_of_largest)
 
 #: what ``max_positions`` reports for encodings that work at any length (fairseq needs an int)
 UNLIMITED_POSITIONS = 1 << 40
@@ -85,6 +86,8 @@ class PositionInjector(nn.Module):
         #: for a target as long as the source (:func:`.random_positions.spaced_positions`), else 0 .. n−1
         self.spaced_in_evaluation = spaced_in_evaluation and random_positions is not None
         self.source_lengths: Optional[torch.Tensor] = None  # (B,) the source's real tokens, for the spacing
+        self.source_width = 0  # the source's padded length S (the sizes the spacing's bound is decided from)
+        self.source_has_padding = False  # whether the source came with a padding mask
         self.absolute = absolute
         self.relative = relative  # used by the self-attention of every block
         self.self_bias = self_bias  # FLOATER Q/K/V biases of self-attention
@@ -100,6 +103,9 @@ class PositionInjector(nn.Module):
         self._rows = PassState()  # FLOATER biases of the current pass: kind -> one (T, B, D) tensor per projection
         #: the encoder's pass under way: whether fairseq handed its layers a padding mask (None: no layer ran)
         self.source_padded: Optional[bool] = None
+
+    def _replicate_for_data_parallel(self):
+        refuse_data_parallel()
 
     @property
     def max_positions(self) -> int:
@@ -136,7 +142,10 @@ class PositionInjector(nn.Module):
                 raise UserError("--pe-random-eval-decoder spaced needs the source: the decoder was called without "
                                 "encoder_out")
             positions = spaced_positions(positions, self.source_lengths, self.random_positions)
-            sampled, bound = True, self.random_positions + tokens.size(1)  # past the source's length: 1 apart
+            # past the source's length 1 apart: a bound of the positions used, from the sizes (no host sync)
+            sampled, bound = True, spaced_position_bound(self.random_positions, tokens.size(1), self.source_width,
+                                                         self.source_has_padding)
+            self._check_trained_rows(bound, tokens.size(1))
         if self.relative is not None:
             # a new pass of the side's relative encoding, with the rows' own positions where they are not the
             # indices: sampled, or for an encoding that needs more than their differences (FIRE), which uses them if
@@ -161,12 +170,37 @@ class PositionInjector(nn.Module):
             return positions.new_zeros(positions.shape + (1,), dtype=self._dtype_probe.dtype)
         return self.vectors(block=1)
 
+    def _check_trained_rows(self, bound: int, target_length: int):
+        """Spaced positions reach ``bound`` − 1: past L − 1 an absolute table's rows were never trained (training
+        draws from [0, L)), so the pass is refused by name, never read or clamped.  Encodings without a table
+        extrapolate past L as they would past any trained length."""
+        limit, absolute = self.random_positions, self.absolute
+        if bound <= limit or absolute is None or absolute.max_positions is None:
+            return
+        m = spaced_source_length_of_largest(limit, target_length, self.source_width, self.source_has_padding)
+        source = (f"a source of {m} tokens" if not self.source_has_padding else
+                  f"a source of {m} tokens, the worst case of this batch's sources padded to {self.source_width} "
+                  "(their lengths are not read: a host sync at every step; one sentence at a time, --batch-size 1, "
+                  "is decided on its own length)")
+        raise UserError(f"--pe-random-eval-decoder spaced with --pe-random-positions {limit}: {target_length} target "
+                        f"tokens after {source} need position {bound - 1}, past the range [0, {limit}) that training "
+                        f"draws from, where --pe-absolute {absolute.registry_name}'s row {bound - 1} was never "
+                        f"trained. Decode with --pe-random-eval-decoder indices, or shorter hypotheses "
+                        f"(--max-len-a/--max-len-b), or train with a larger --pe-random-positions")
+
+    def forget_source(self):
+        """Before a decoder pass: nothing of an earlier pass's source is kept (a pass without ``encoder_out`` has
+        none: the spacing then refuses it by name, FLOATER's cross-attention biases are not computed)."""
+        self.source_lengths = self.source_positions = self._source_plan = None
+        self.source_width, self.source_has_padding, self.source_length = 0, False, 0
+
     def vectors(self, block: int) -> torch.Tensor:
         """Block ``block``'s absolute vectors for the current positions, (B, T, D), 0 at padding."""
         return lookup(self.positions, self.absolute(self.length, block).to(self._dtype_probe.dtype))
 
     def set_source_lengths(self, src_len: int, encoder_padding_mask: Optional[torch.Tensor]):
         """The number of real source tokens of each row (decoder side, ``--pe-random-eval-decoder spaced``)."""
+        self.source_width, self.source_has_padding = src_len, encoder_padding_mask is not None
         if encoder_padding_mask is None:
             self.source_lengths = torch.full((1,), src_len, device=self._dtype_probe.device)
         else:

@@ -7,10 +7,12 @@ a logit bias per head from a conditionally positive definite kernel of the dista
 with r₁, r₂ > 0 learned for every head and shared by all layers, as the authors' code does (chijames/KERPLE,
 ``megatron/model/gpt2_model.py``: one ``ParallelKerplePower``/``ParallelKerpleLog`` module, ``rpe_emb``, is handed to
 every transformer layer: 2·H parameters per side); ``--pe-relative-untie-layers`` gives every layer its own.
-Checkpoints of fairseq-pe up to this change were trained with one pair per layer and load as they were trained
-(:meth:`_Kerple._load_from_state_dict`).  Positivity is kept as the official code keeps it, by projection after each
-update: r₁, r₂ into [ε, ∞), and r₂ of the power variant into [ε, 2], ε = 0.01 (a projected-gradient step; the
-official code's ``param.data = param.data.clamp(...)``).  The projection is applied to the copy the optimizer
+Checkpoints of fairseq-pe before 0.2 were trained with one pair per layer: a model built from their options has one
+pair per layer (:func:`~fairseq_pe.models.options.upgrade_saved_options`) and computes what they computed.
+Loading copies into the model's own r₁, r₂ and never replaces them (:meth:`_Kerple._load_from_state_dict`).
+Positivity is kept as the official code keeps it, by projection after each update: r₁, r₂ into [ε, ∞), and r₂ of
+the power variant into [ε, 2], ε = 0.01 (a projected-gradient step; the official code's
+``param.data = param.data.clamp(...)``).  The projection is applied to the copy the optimizer
 updates, also fairseq's float32 master copy under ``--fp16``/``--bf16`` (:func:`~.base.constrain`), so the
 values stored, used and updated agree under every optimizer.  The forward pass uses the parameters clamped
 into the same ranges (the identity after a projection; a guard for values set by other means, e.g. an
@@ -26,6 +28,8 @@ import logging
 
 import torch
 import torch.nn as nn
+
+from fairseq_pe.errors import UserError
 
 from .base import Float32State, RelativePositionEncoding, constrain, register_position_encoding
 
@@ -55,16 +59,25 @@ class _Kerple(Float32State, RelativePositionEncoding):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        # a checkpoint from before the sharing: one pair per layer, as it was trained (the model takes its shape)
-        stored = state_dict.get(prefix + "r1")
-        if stored is not None and not self.untie_layers and stored.dim() == 2 and stored.size(0) == self.num_blocks \
-                and self.num_blocks > 1:
-            logger.info(f"{prefix}: KERPLE parameters per layer (a checkpoint of fairseq-pe before they were shared): "
-                        "loaded per layer, as trained")
-            self.untie_layers = True
-            device = self.r1.device
-            self.r1 = constrain(nn.Parameter(torch.empty(stored.shape, device=device)), EPS)
-            self.r2 = constrain(nn.Parameter(torch.empty(stored.shape, device=device)), EPS, self.r2_max)
+        """Copies into the model's own r₁, r₂ (torch's in-place copy), never new Parameter objects: fairseq's Trainer
+        wraps the model in DDP (and an optimizer may exist) before it loads a checkpoint, and a replaced parameter
+        would be trained without being reduced.  A checkpoint with one pair for all layers loads into a model with a
+        pair per layer as that pair in every layer (it computes the same); one with a pair per layer into a model with
+        one pair for all is refused, naming the flag that builds its layout."""
+        for name in ("r1", "r2"):
+            key, own = prefix + name, getattr(self, name)
+            stored = state_dict.get(key)
+            if stored is None or stored.dim() != 2 or stored.shape == own.shape or stored.size(1) != own.size(1):
+                continue  # as it is, or torch's own size-mismatch error
+            if stored.size(0) == 1 and self.untie_layers:
+                logger.info(f"{key}: one pair for all layers in the checkpoint, loaded as the pair of every layer")
+                state_dict = {**state_dict, key: stored.expand_as(own)}
+            elif stored.size(0) == self.num_blocks and not self.untie_layers:
+                raise UserError(
+                    f"{key}: the checkpoint has KERPLE's r₁, r₂ with one pair per layer ({self.num_blocks} layers; "
+                    "fairseq-pe before 0.2 trained them so), the model one pair for all layers: build the model with "
+                    "--pe-relative-untie-layers (add it to the command line that resumes or fine-tunes this "
+                    "checkpoint)")
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 

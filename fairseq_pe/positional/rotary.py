@@ -215,7 +215,9 @@ class XposPositionEncoding(RotaryPositionEncoding):
     every step): cached keys keep their scale, so step-by-step decoding equals the full pass.  In float32
     that bounds the length: ζ_0^(−m/B) overflows near m = 35,000; longer sequences are refused, never clamped.
     In an fp16 model the scaled keys would overflow from about 3,500 positions: from
-    :data:`FP16_SCALED_LENGTH` (2,266) on, the scaled queries and keys stay float32 (bf16 has float32's range).
+    :data:`FP16_SCALED_LENGTH` (2,266) on, the scaled queries and keys stay float32 (bf16 has float32's range),
+    also under autocast (``--amp``), whose fp16 SDPA and ``bmm`` would cast them back: their attention runs with
+    autocast off (:func:`~fairseq_pe.models.attention.autocast_off`).
     """
 
     def __init__(self, embed_dim, num_heads, num_blocks, causal, args=None):
