@@ -269,39 +269,37 @@ def fairseq_optimizer(params, precision: str, *flags: str):
     return wrapper.build_optimizer(cfg, params)
 
 
-def optimizer_masters(optimizer, params):
-    """The tensors ``optimizer`` updates for ``params``: FP16Optimizer's float32 masters (slices of its flat
-    buffer, or its per-parameter copies), else the parameters themselves."""
+def _per_parameter(optimizer, params, read):
+    """``read(t)`` of the tensor ``optimizer`` updates for each of ``params``: FP16Optimizer's float32 master (a slice
+    of ``read`` of its flat buffer, or its per-parameter copy), else the parameter itself; None where ``read`` gives
+    None."""
     fp32_params = getattr(optimizer, "fp32_params", None)
     if fp32_params is None:
-        return [p.detach() for p in params]
+        return [read(p) for p in params]
     if not optimizer.has_flat_params:
         copies = dict(zip(map(id, optimizer.fp16_params), optimizer.fp32_params))
-        return [copies[id(p)].detach() for p in params]
+        return [read(copies[id(p)]) for p in params]
     (flat,) = fp32_params.values()
+    whole = read(flat)
     offsets, offset = {}, 0
     for p in optimizer.fp16_params:
         offsets[id(p)] = offset
         offset += p.numel()
-    return [flat.detach()[offsets[id(p)]:offsets[id(p)] + p.numel()] for p in params]
+    return [None if whole is None else whole[offsets[id(p)]:offsets[id(p)] + p.numel()] for p in params]
+
+
+def optimizer_masters(optimizer, params):
+    """The tensors ``optimizer`` updates for ``params``: FP16Optimizer's float32 masters (slices of its flat
+    buffer, or its per-parameter copies), else the parameters themselves."""
+    return _per_parameter(optimizer, params, lambda t: t.detach())
 
 
 def optimizer_gradients(optimizer, params):
     """The gradients ``optimizer`` applied to ``params`` at its last step, in float32: those of FP16Optimizer's
     float32 masters (unscaled and normalised there), else the parameters' own (MemoryEfficientFP16Optimizer unscales
     them in place); None for a parameter without one."""
-    fp32_params = getattr(optimizer, "fp32_params", None)
-    if fp32_params is None:
-        return [None if p.grad is None else p.grad.detach().float() for p in params]
-    if not optimizer.has_flat_params:
-        copies = dict(zip(map(id, optimizer.fp16_params), optimizer.fp32_params))
-        return [None if copies[id(p)].grad is None else copies[id(p)].grad.detach().view_as(p) for p in params]
-    (flat,) = fp32_params.values()
-    offsets, offset = {}, 0
-    for p in optimizer.fp16_params:
-        offsets[id(p)] = offset
-        offset += p.numel()
-    return [flat.grad.detach()[offsets[id(p)]:offsets[id(p)] + p.numel()].view_as(p) for p in params]
+    grads = _per_parameter(optimizer, params, lambda t: None if t.grad is None else t.grad.detach())
+    return [None if g is None else g.float().view_as(p) for g, p in zip(grads, params)]
 
 
 def largest_tensor_created(fn):
