@@ -10,7 +10,11 @@ to fix.  Wherever it is raised, in ``fairseq-train``/``fairseq-generate`` throug
 on stderr and exit status 2, without a traceback.  Every other exception is a bug and keeps
 its full traceback.  ``FAIRSEQ_PE_TRACEBACK=1`` shows the traceback of user errors too.
 
-:func:`install_excepthook` is applied when the plugin is imported (:mod:`fairseq_pe.compat`).
+Where: the plugin's console scripts catch it (:func:`cli`); fairseq's own (``fairseq-train``, ``fairseq-generate``,
+... with ``--user-dir fairseq_pe``, or ``python -m fairseq_cli.X``) get :func:`install_excepthook` when they import
+the plugin.  Nowhere else: ``import fairseq_pe`` in a script, a notebook or the REPL leaves ``sys.excepthook`` as
+it is, so a user error there is an ordinary exception.  The hook raises ``SystemExit(2)`` (the interpreter then
+exits as for ``sys.exit(2)``, atexit handlers included), never ``os._exit``.
 """
 
 import contextlib
@@ -47,19 +51,41 @@ def _handle(exc_type, exc, tb, previous):
             pass
         sys.stderr.write(user_error_message(user_error) + "\n")
         sys.stderr.flush()
-        # argparse's status for a usage error; os._exit because an excepthook cannot set the status
-        os._exit(2)
+        # argparse's status for a usage error: SystemExit raised by the hook ends the interpreter with it, as
+        # sys.exit(2) does (CPython's PyErr_Print handles a SystemExit from sys.excepthook), atexit handlers run
+        raise SystemExit(2)
     previous(exc_type, exc, tb)
 
 
+def _interactive() -> bool:
+    return bool(sys.flags.interactive) or hasattr(sys, "ps1") or "IPython" in sys.modules
+
+
+def fairseq_cli_process() -> bool:
+    """Whether this process is one of fairseq's command-line tools (``fairseq-train``, ``fairseq-generate``, ...,
+    or ``python -m fairseq_cli.X``), not an interactive session."""
+    if _interactive():
+        return False
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and (spec.name or "").startswith("fairseq_cli."):
+        return True
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return script.startswith("fairseq-") and not script.startswith("fairseq-pe") and "fairseq_cli" in sys.modules
+
+
 def install_excepthook():
-    """Report uncaught :class:`UserError` as one line with exit status 2 (module docstring)."""
+    """In one of fairseq's command-line tools only (:func:`fairseq_cli_process`): report an uncaught
+    :class:`UserError` as one line with exit status 2 (module docstring).  Elsewhere it does nothing."""
+    if not fairseq_cli_process():
+        return
     current = sys.excepthook
     if getattr(current, "_fairseq_pe_patched", False):
         return
     previous = current
 
     def hook(exc_type, exc, tb):
+        if _interactive():  # became interactive later (PYTHONINSPECT): the REPL must go on
+            return previous(exc_type, exc, tb)
         _handle(exc_type, exc, tb, previous)
 
     hook._fairseq_pe_patched = True

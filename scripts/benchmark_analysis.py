@@ -20,18 +20,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from fairseq_pe import systems as catalogue  # noqa: E402
 from fairseq_pe.analysis.checkpoint import save_untrained_checkpoint  # noqa: E402
 
 BASELINE = "ape-sinusoidal"
-SYSTEMS = {
-    "ape-sinusoidal": ["--pe-absolute", "sinusoidal"],
-    "ape-learned": ["--pe-absolute", "learned"],
-    "ape-learnable-sin": ["--pe-absolute", "learnable-sinusoidal"],
-    "rpe-learned": ["--pe-absolute", "none", "--pe-relative", "learned"],
-    "ape-lsin+rpe-lsin": ["--pe-absolute", "learnable-sinusoidal", "--pe-relative", "learnable-sinusoidal"],
-    "floater": ["--pe-absolute", "floater", "--pe-all-blocks"],
-    "t5": ["--pe-absolute", "none", "--pe-relative", "t5"],
-}
+SYSTEMS = catalogue.group("analysis-benchmark")  # the catalogue's names and flags
 
 
 def main(argv=None):

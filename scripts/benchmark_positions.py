@@ -7,7 +7,7 @@ positions) by default, or ``transformer_iwslt_de_en`` with ``--size iwslt``.  Ev
 is the plugin's model of the same size (``transformer_pe_wmt_en_de`` / ``transformer_pe_iwslt_de_en``,
 ``fairseq-train --user-dir fairseq_pe``) with one position encoding:
 
-* the encodings of ``fairseq_pe.translation.quickstart.DEFAULT_SYSTEMS``: ``none``, the APEs (``ape-learned``,
+* the encodings of the quickstart (``python -m fairseq_pe.systems names benchmark`` lists them all): ``none``, the APEs (``ape-learned``,
   ``ape-sinusoidal``, ``ape-learnable-sin``), the RPEs (``rpe-learned`` = Shaw et al.,
   ``rpe-sinusoidal`` = NEZHA, ``rpe-learnable-sin``), ``rope``, ``alibi``, ``t5``, ``floater``
   (FLOATER at every block's input) and ``floater-bias`` (FLOATER Q/K/V biases);
@@ -118,29 +118,9 @@ PLUGIN = os.path.join(REPO, "fairseq_pe")
 sys.path.insert(0, REPO)
 from fairseq_pe.errors import UserError, cli  # noqa: E402
 from fairseq_pe.outputs import check_new_files, savefig, write_json, write_text  # noqa: E402
-from fairseq_pe.translation.quickstart import DEFAULT_SYSTEMS, NAMED_SYSTEMS  # noqa: E402  (the encodings and their flags)
+from fairseq_pe import systems as catalogue  # noqa: E402  (the encodings and their flags)
 
 STOCK = "stock"
-
-
-#: the quickstart's named systems that are not measured (Shaw et al.'s pairing: its parts are)
-NOT_MEASURED = {"ape-sin+rpe-learned"}
-
-
-def _systems():
-    systems = {}
-    for name, flags in DEFAULT_SYSTEMS.items():
-        if name == "floater":
-            systems["floater-input"] = ["--pe-absolute", "floater"]
-        systems[name] = list(flags)
-        if name == "ape-sinusoidal":
-            systems["ape-sinusoidal-fairseq"] = ["--pe-absolute", "sinusoidal-fairseq"]
-    for name, flags in NAMED_SYSTEMS.items():  # the extrapolation encodings since 2021
-        if name not in systems and name not in NOT_MEASURED:
-            systems[name] = list(flags)
-    for name in ("sandwich", "fire"):  # their bias per row (randomised positions: a distance table, a per-row pass)
-        systems[f"{name}-random"] = systems[name] + ["--pe-random-positions", "256"]
-    return systems
 
 
 def system_flags(args, name):
@@ -152,8 +132,8 @@ def system_flags(args, name):
     return flags
 
 
-#: plugin systems: name -> fairseq-train flags (on top of --arch)
-SYSTEMS = _systems()
+#: plugin systems: name -> fairseq-train flags (on top of --arch), the catalogue's benchmark group
+SYSTEMS = catalogue.group("benchmark")
 
 #: the same size of model, stock and plugin: --size -> (stock arch, stock flags, plugin arch)
 TINY_FLAGS = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "64",

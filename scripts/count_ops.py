@@ -36,11 +36,12 @@ PLUGIN = os.path.join(REPO, "fairseq_pe")
 sys.path.insert(0, REPO)
 
 from fairseq_pe.errors import cli  # noqa: E402
-from fairseq_pe.translation.quickstart import NAMED_SYSTEMS  # noqa: E402
+from fairseq_pe import systems as catalogue  # noqa: E402
 
 STOCK = "stock"
-SYSTEMS = {name: flags for name, flags in NAMED_SYSTEMS.items() if name not in ("floater-warm", "ape-sin+rpe-learned")}
-SYSTEMS["floater-input"] = ["--pe-absolute", "floater"]
+SYSTEMS = {name: flags for name, flags in catalogue.group("translation").items()
+           if name not in ("floater-warm", "ape-sin+rpe-learned")}
+SYSTEMS["floater-input"] = catalogue.flags("floater-input")
 #: a 6+6-layer model (operators do not depend on the widths; small widths keep the count fast)
 SIZE = ["--encoder-layers", "6", "--decoder-layers", "6", "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
         "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128", "--encoder-attention-heads", "4",

@@ -79,18 +79,17 @@ sys.path.insert(0, REPO)
 
 from fairseq_pe.errors import cli  # noqa: E402
 from fairseq_pe.outputs import check_new_files, write_json, write_text  # noqa: E402
-from fairseq_pe.translation.quickstart import NAMED_SYSTEMS  # noqa: E402
+from fairseq_pe import systems as catalogue  # noqa: E402
 
 #: every encoding (the quickstart's names), FLOATER in its three forms
-SYSTEMS = {name: flags for name, flags in NAMED_SYSTEMS.items() if name not in ("floater-warm", "ape-sin+rpe-learned")}
-SYSTEMS["floater-input"] = ["--pe-absolute", "floater"]  # FLOATER at the embedding layer only (floater: every block)
+SYSTEMS = {name: flags for name, flags in catalogue.group("translation").items()
+           if name not in ("floater-warm", "ape-sin+rpe-learned")}
+SYSTEMS["floater-input"] = catalogue.flags("floater-input")  # FLOATER at the embedding layer only (floater: every block)
 STOCK = "stock"
 #: the systems in the order of their value on a GPU: the widely used encodings and those whose attention takes each
 #: path first (APE, RoPE: no mask; ALiBi: a fixed bias; T5 and KERPLE: a learned bias, fused with its gradient on
 #: CUDA; Shaw: blockwise), then the rest
-SYSTEM_ORDER = ["ape-sinusoidal", "rope", "alibi", "t5", "kerple-power", "rpe-learned", "xpos", "fire", "sandwich",
-                "floater-bias", "kerple-log", "ape-learned", "none", "ape-learnable-sin", "rpe-sinusoidal",
-                "rpe-learnable-sin", "floater", "floater-input", "rope-random", "ape-sinusoidal-random"]
+SYSTEM_ORDER = list(catalogue.GROUPS["gpu-check"])
 assert sorted(SYSTEM_ORDER) == sorted(SYSTEMS)
 #: the CPU rehearsal's systems (``--device cpu`` without ``--systems``): no mask, a fixed bias, a learned bias (the
 #: blockwise path in training on the CPU)
@@ -501,7 +500,7 @@ def check_masked_rows(ctx, system):
     empty_tgt[-1] = d.pad()  # the shortest target, all padding
     row = empty_src.size(0) - 1
     problems, out = [], {}
-    relative = getattr(reference.decoder.layers[0].self_attn, "relative", None) is not None
+    relative = getattr(reference.decoder.layers[0].self_attn, "uses_relative", False)
     for dtype in ctx.half_dtypes:
         model = reference.to(device=ctx.device, dtype=dtype_of(dtype))
         for choice, backends in backend_choices(ctx):

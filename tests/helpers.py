@@ -17,6 +17,7 @@ from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY
 
 import fairseq_pe  # noqa: F401  (registers the model)
+from fairseq_pe import systems as catalogue
 from fairseq_pe.models.transformer_pe import TransformerPEModel
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,19 +97,27 @@ def cli(*cmd: str, cwd=None, check=True) -> subprocess.CompletedProcess:
     A console script of this environment (``fairseq-train``, ``fairseq-pe-analyze``, ...) runs as a process forked
     from a server that has imported torch and fairseq once (``cli_server.py``: its own argv, environment, working
     directory and output, the script's entry point and exit status); anything else, or every command when
-    ``FAIRSEQ_PE_TEST_FORK=0``, in a new interpreter."""
+    ``FAIRSEQ_PE_TEST_FORK=0``, in a new interpreter: a console script then runs as its installed wrapper (the
+    executable in this environment's ``bin``, as a user runs it), and its name is added to :data:`FRESH_RUNS`."""
     cmd = [os.fspath(c) for c in cmd]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
                PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
-    script = _console_script(cmd, env["PATH"], cwd) if os.environ.get("FAIRSEQ_PE_TEST_FORK", "1") != "0" else None
-    if script is not None:
+    script = _console_script(cmd, env["PATH"], cwd)
+    if script is not None and os.environ.get("FAIRSEQ_PE_TEST_FORK", "1") != "0":
         proc = _CLI_SERVER.run(script[0], script[1], env, cwd)
         proc.args = list(cmd)
     else:
+        if script is not None and script[0][1] is not None:  # the wrapper pip installed, by its path
+            FRESH_RUNS.append(cmd[0])
+            cmd = [script[0][0], *cmd[1:]]
         proc = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
+
+
+#: the console scripts that ``cli`` ran as a new interpreter, by name, since conftest.py emptied it (each test's start)
+FRESH_RUNS = []
 
 
 def _console_script(cmd, path: str, cwd):
@@ -132,6 +141,13 @@ def _console_scripts():
     return {e.name: e.value for e in entry_points(group="console_scripts")}
 
 
+#: environment variables read when an interpreter starts or torch is imported (threads, devices), which a forked run
+#: would inherit from the server: a run whose values differ from the server's gets a new interpreter.  fairseq-pe
+#: reads none at import (tests/test_fresh_interpreters.py checks it; FAIRSEQ_PE_TRACEBACK is read when an error is
+#: reported).
+READ_AT_START = ("PYTHON", "OMP_", "MKL_", "KMP_", "CUDA_", "TORCH", "PYTORCH")
+
+
 class _CliServer:
     """The fork server of this test process (one per pytest-xdist worker), started at its first use."""
 
@@ -142,8 +158,8 @@ class _CliServer:
 
     def run(self, script, cmd, env, cwd):
         started = self.env or env
-        if any(env.get(k) != started.get(k) for k in {*env, *started} if k.startswith("PYTHON")):
-            # read at an interpreter's start, which the server's would not do for this run
+        if any(env.get(k) != started.get(k) for k in {*env, *started} if k.startswith(READ_AT_START)):
+            # read at an interpreter's start or by torch's import, which the server's would not do for this run
             return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
         with self._lock:
             if self.proc is None or self.proc.poll() is not None:
@@ -332,30 +348,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-NONE = ["--pe-absolute", "none"]
-#: every encoding, by a name of the test-suite: its model flags
-ALL_ENCODINGS = {
-    "none": NONE,
-    "ape-learned": ["--pe-absolute", "learned"],
-    "ape-sinusoidal": ["--pe-absolute", "sinusoidal"],
-    "ape-learnable-sinusoidal": ["--pe-absolute", "learnable-sinusoidal", "--pe-all-blocks"],
-    "rpe-learned": NONE + ["--pe-relative", "learned", "--pe-relative-max-distance", "16"],
-    "rpe-sinusoidal": NONE + ["--pe-relative", "sinusoidal", "--pe-relative-max-distance", "16"],
-    "rpe-learnable-sinusoidal": NONE + ["--pe-relative", "learnable-sinusoidal"],
-    "rope": NONE + ["--pe-relative", "rope"],
-    "xpos": NONE + ["--pe-relative", "xpos"],
-    "alibi": NONE + ["--pe-relative", "alibi"],
-    "t5": NONE + ["--pe-relative", "t5"],
-    "kerple-log": NONE + ["--pe-relative", "kerple-log"],
-    "kerple-power": NONE + ["--pe-relative", "kerple-power"],
-    "sandwich": NONE + ["--pe-relative", "sandwich"],
-    "fire": NONE + ["--pe-relative", "fire"],
-    "floater": ["--pe-absolute", "floater"],
-    "floater-all-blocks": ["--pe-absolute", "floater", "--pe-all-blocks"],
-    "floater-bias": ["--pe-absolute", "sinusoidal", "--pe-floater-bias"],
-}
-#: the encodings that take randomised positions (--pe-random-positions: not FLOATER, and not the none control)
-RANDOMISABLE = ["ape-sinusoidal", "rope", "xpos", "alibi", "t5", "kerple-power", "sandwich", "fire", "rpe-learned"]
+#: the tests' smaller sizes, added to the catalogue's flags (--pe-relative-max-distance 16: the tests' sentences)
+TEST_SIZES = {name: ["--pe-relative-max-distance", "16"] for name in ("rpe-learned", "rpe-sinusoidal")}
+#: every encoding, by its name in the catalogue (fairseq_pe/systems.py, group "encodings"): its model flags
+ALL_ENCODINGS = {name: flags + TEST_SIZES.get(name, []) for name, flags in catalogue.group("encodings").items()}
+#: the encodings the tests train with randomised positions (--pe-random-positions: not FLOATER, and not the none
+#: control): the catalogue's group "randomised"
+RANDOMISABLE = list(catalogue.GROUPS["randomised"])
+assert all(catalogue.get(name).randomisable for name in RANDOMISABLE)
 
 
 def load_script(name: str):

@@ -136,9 +136,9 @@ def test_floater_bias_vectors_are_the_flows_q_k_v_biases_of_every_block(side):
     with torch.no_grad():
         client.initial.normal_()  # every block, q/k/v its own starting point
         biases = floater_bias_vectors(model, 30, side)
-        client.begin_forward(30)
+        states = client.states(30)
         for block in (1, 2):
             for index in range(3):
-                torch.testing.assert_close(biases[block][:, index].float(), client.table(30, block, index))
+                torch.testing.assert_close(biases[block][:, index].float(), client.table(30, block, index, states))
     assert sorted(biases) == [1, 2] and biases[1].shape == (30, 3, 64)
     assert floater_bias_vectors(build_model("--pe-absolute", "floater")[0], 30, side) == {}

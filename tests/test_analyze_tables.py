@@ -21,7 +21,8 @@ import torch
 from fairseq_pe.analysis.checkpoint import save_untrained_checkpoint
 from fairseq_pe.analysis.properties import proximity
 from fairseq_pe.analysis.report import analyze_table
-from fairseq_pe.analysis.tables import TableError, load_position_table
+from fairseq_pe.analysis.inputs import load_position_table
+from fairseq_pe.analysis.tables import TableError
 from fairseq_pe.positional.sinusoidal import transformer_frequencies
 
 from helpers import analyze_in_process, assert_pictures_and_reports, assert_user_error, cli

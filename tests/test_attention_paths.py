@@ -9,26 +9,19 @@ import pytest
 import torch
 
 import fairseq_pe.models.attention as attention_module
+from fairseq_pe import systems as catalogue
 from fairseq_pe.models.attention import PositionAttention
+from fairseq_pe.positional.injector import Source
+from fairseq_pe.positional.pass_state import pass_scope
 
 from helpers import build_model, random_tokens
 
-ENCODINGS = {
-    "none": ["--pe-absolute", "none"],
-    "ape-sinusoidal": ["--pe-absolute", "sinusoidal"],
-    "rope": ["--pe-absolute", "none", "--pe-relative", "rope"],
-    "alibi": ["--pe-absolute", "none", "--pe-relative", "alibi"],
-    "t5": ["--pe-absolute", "none", "--pe-relative", "t5"],
-    "kerple-log": ["--pe-absolute", "none", "--pe-relative", "kerple-log"],
-    "kerple-power": ["--pe-absolute", "none", "--pe-relative", "kerple-power"],
-    "xpos": ["--pe-absolute", "none", "--pe-relative", "xpos"],
-    "sandwich": ["--pe-absolute", "none", "--pe-relative", "sandwich"],
-    "fire": ["--pe-absolute", "none", "--pe-relative", "fire", "--pe-fire-threshold", "4"],
-    "rpe-learned": ["--pe-absolute", "none", "--pe-relative", "learned", "--pe-relative-max-distance", "4"],
-    "rpe-sinusoidal": ["--pe-absolute", "none", "--pe-relative", "sinusoidal", "--pe-relative-max-distance", "4"],
-    "rpe-learnable-sin": ["--pe-absolute", "none", "--pe-relative", "learnable-sinusoidal"],
-    "floater-bias": ["--pe-absolute", "sinusoidal", "--pe-floater-bias"],
-}
+#: the tests' sizes: a distance table and FIRE's threshold of 4 (the test's sentences go past them)
+SMALL = {"fire": ["--pe-fire-threshold", "4"],
+         **{name: ["--pe-relative-max-distance", "4"] for name in ("rpe-learned", "rpe-sinusoidal")}}
+#: every encoding that acts in the attention (the catalogue's), and two that do not (none, the sinusoidal APE)
+ENCODINGS = {name: catalogue.flags(name) + SMALL.get(name, []) for name in catalogue.GROUPS["encodings"]
+             if catalogue.get(name).relative != "none" or name in ("none", "ape-sinusoidal", "floater-bias")}
 
 
 def self_attention_call(model, side, x, padding, need_weights, attn_mask=None):
@@ -45,14 +38,14 @@ def run_side(model, d, side, need_weights, seed=0):
     src = random_tokens(d, 3, 11, seed=seed, left_pad=(0, 2, 6) if side == "encoder" else ())
     padding = src.eq(d.pad())
     stack = getattr(model, side)
-    stack.embed_positions(src)  # this pass's positions (FLOATER biases, relative caches)
-    if side == "decoder":
-        stack.embed_positions.set_source(None, 5, 3, src.device)
+    # this pass's positions (FLOATER biases, the relative encoding's rows and memo), the decoder's with a source
+    position_pass = stack.embed_positions.build_pass(src, source=Source(5, 3, None) if side == "decoder" else None)
     torch.manual_seed(seed + 1)
     x = torch.randn(11, 3, stack.layers[1].self_attn.embed_dim, requires_grad=True)
     attn_mask = stack.buffered_future_mask(x) if side == "decoder" else None
     model.zero_grad()
-    out, _ = self_attention_call(model, side, x, padding if side == "encoder" else None, need_weights, attn_mask)
+    with pass_scope(position_pass):
+        out, _ = self_attention_call(model, side, x, padding if side == "encoder" else None, need_weights, attn_mask)
     out = out.masked_fill(padding.t().unsqueeze(-1), 0) if side == "encoder" else out
     out.pow(2).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -115,7 +108,7 @@ def test_every_attention_module_is_position_attention():
     modules = [m for m in model.modules() if isinstance(m, torch.nn.MultiheadAttention)
                or type(m).__name__.endswith("Attention")]
     assert modules and all(isinstance(m, PositionAttention) for m in modules)
-    assert sum(m.relative is not None for m in modules) == len(model.encoder.layers) + len(model.decoder.layers)
+    assert sum(m.uses_relative for m in modules) == len(model.encoder.layers) + len(model.decoder.layers)
 
 
 @pytest.mark.parametrize("option", ["add_bias_kv", "add_zero_attn"])

@@ -64,7 +64,7 @@ def _valid_loss(out: str) -> float:
 def test_agrees_with_fairseq_validate_and_score_reference(trained, tmp_path):
     root, data, ckpts = trained
     for name in ("learned", "stock"):
-        # (--user-dir for the stock model too: stock fairseq cannot load checkpoints on this torch, compat.py)
+        # (--user-dir for the stock model too: stock fairseq cannot load checkpoints on this torch, compat/)
         val = cli("fairseq-validate", data, "--user-dir", PLUGIN, "--task", "translation", "--path", ckpts[name], "--cpu",
                   "--num-workers", "0", "--max-tokens", "500")
         res = bucket_loss.evaluate({name: ckpts[name]}, data, subset="valid", buckets=parse_buckets("0+"))
@@ -117,6 +117,25 @@ def test_cli_learned_table_overflow_is_an_error_or_its_own_column(trained, tmp_p
     # the outputs are never replaced without --force
     assert exit_status(bucket_loss.main, [data, *systems, "--unit", "token", "--out", out, "--quiet"]) == 2
     assert "--force" in capsys.readouterr().err
+
+
+def test_the_console_script_scores_beyond_the_table_or_refuses(trained, tmp_path):
+    """The installed fairseq-pe-bucket-loss (a new interpreter in tests/fresh_subset.py): a learned table too short for
+    the longest sources is one line naming the flags, status 2; with --beyond-table report every sentence is counted."""
+    root, data, ckpts = trained
+    systems = ["--system", f"learned={ckpts['learned']}", "--system", f"stock={ckpts['stock']}"]
+    bad = cli("fairseq-pe-bucket-loss", data, *systems, "--unit", "token", "--buckets", "1,9,15,21", "--quiet",
+              check=False)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr[-3000:]
+    assert bad.stderr.strip().splitlines()[-1].startswith("fairseq-pe-bucket-loss: error: ")
+    assert "--max-source-positions" in bad.stderr and "--beyond-table report" in bad.stderr
+    out = str(tmp_path / "loss")
+    cli("fairseq-pe-bucket-loss", data, *systems, "--unit", "token", "--buckets", "1,9,15,21", "--beyond-table",
+        "report", "--out", out, "--quiet")
+    res = json.load(open(out + ".json"))
+    learned = res["systems"]["learned"]["buckets"]
+    assert learned["all"]["n"] == res["systems"]["stock"]["buckets"]["all"]["n"] == N_TEST
+    assert learned[BEYOND]["n"] > 0 and learned["all"]["scored"] + learned[BEYOND]["n"] == N_TEST
 
 
 def test_raw_text_with_sentencepiece_scores_every_line(trained, tmp_path, capsys):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import helpers
-from helpers import PLUGIN, cli, synthetic_data_bin
+from helpers import PLUGIN, assert_user_error, cli, synthetic_data_bin
 
 
 def both(monkeypatch, *cmd):
@@ -51,6 +51,15 @@ def data(tmp_path_factory):
 
 def test_fairseq_train_generate_and_a_plugin_tool_as_a_new_interpreter(data, tmp_path, monkeypatch):
     assert helpers._console_script(["fairseq-train"], os.environ["PATH"], None) is not None  # forked, by default
+    raw = os.path.join(os.path.dirname(data), "raw")  # synthetic_data_bin's text
+    forked, fresh = both(monkeypatch, "fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
+                         "--trainpref", f"{raw}/train", "--validpref", f"{raw}/valid", "--destdir",
+                         str(tmp_path / "{way}-bin"), "--joined-dictionary", "--workers", "1")
+    assert_same(forked, fresh)
+    written = sorted(f for f in os.listdir(tmp_path / "fresh-bin") if f != "preprocess.log")
+    assert fresh.returncode == 0 and "train.src-tgt.src.bin" in written
+    assert sorted(f for f in os.listdir(tmp_path / "forked-bin") if f != "preprocess.log") == written
+    assert all((tmp_path / "forked-bin" / f).read_bytes() == (tmp_path / "fresh-bin" / f).read_bytes() for f in written)
     train = ["fairseq-train", data, "--user-dir", PLUGIN, "--arch", "transformer_pe_tiny", "--pe-relative", "rope",
              "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "300", "--max-update", "2", "--cpu",
              "--num-workers", "0", "--seed", "1", "--log-interval", "1", "--log-format", "simple",
@@ -64,6 +73,10 @@ def test_fairseq_train_generate_and_a_plugin_tool_as_a_new_interpreter(data, tmp
     ckpt = str(tmp_path / "fresh" / "checkpoint_last.pt")
     assert_same(*both(monkeypatch, "fairseq-generate", data, "--user-dir", PLUGIN, "--path", ckpt, "--gen-subset",
                       "test", "--beam", "2", "--cpu"))
+    forked, fresh = both(monkeypatch, "fairseq-validate", data, "--user-dir", PLUGIN, "--task", "translation",
+                         "--path", ckpt, "--cpu", "--valid-subset", "valid", "--max-tokens", "300")
+    assert_same(forked, fresh)
+    assert fresh.returncode == 0 and "| valid on 'valid' subset | loss" in fresh.stdout + fresh.stderr
     # a plugin tool (it imports fairseq itself, then configures logging), to a file of its own each way
     forked, fresh = both(monkeypatch, "fairseq-pe-warm-start-floater", ckpt, str(tmp_path / "{way}.pt"))
     assert_same(forked, fresh)
@@ -72,11 +85,11 @@ def test_fairseq_train_generate_and_a_plugin_tool_as_a_new_interpreter(data, tmp
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # a refusal of the user's: one line, status 2, both ways
     forked, fresh = both(monkeypatch, "fairseq-pe-warm-start-floater", ckpt, str(tmp_path / "fresh.pt"))
-    assert fresh.returncode == 2 and "fairseq-pe-warm-start-floater: error:" in fresh.stderr
+    assert_user_error(fresh, "fairseq-pe-warm-start-floater", "--force")
     assert_same(forked, fresh)
     assert_same(*both(monkeypatch, "fairseq-pe-analyze", "--bogus"))
     # a user error raised inside fairseq-generate: one line, status 2, no traceback, both ways
     forked, fresh = both(monkeypatch, "fairseq-generate", data, "--user-dir", PLUGIN, "--path",
                          str(tmp_path / "missing.pt"), "--cpu")
-    assert fresh.returncode == 2 and "Traceback" not in fresh.stderr
+    assert_user_error(fresh, "fairseq-generate", "missing.pt")
     assert_same(forked, fresh)

@@ -12,8 +12,9 @@ a stale doc.  tests/doc_commands.py extracts the commands (its docstring: the do
   criterion of the plugin must have ``--user-dir fairseq_pe``;
 * bash scripts (scripts/, data-prep/): the file exists (executable when run without bash); the
   environment variables given to it (``SEEDS=... bash ...``, or ``NAME=`` in the comment of its line)
-  are read by it or by the scripts it runs; its flags reach a tool that accepts them (through the
-  ``"$@"`` it passes on, script to script) or are in the script itself; a script with DRY_RUN=1 runs so;
+  are read by it or by the scripts it runs; its flags reach a tool that accepts them (the ``"$@"`` it
+  passes on, script to script, as doc_commands.FORWARDS says and the scripts are checked to do) or are
+  in the script itself; a script with DRY_RUN=1 runs so;
 * torchrun's own options, against torch's parser; any other program must be in FOREIGN;
 * the commands of our programs written in the prose as `code spans` (often fragments: only that the
   program exists and knows every flag), and every ``--pe-*`` flag the docs name anywhere, tables
@@ -23,6 +24,7 @@ Nothing is trained or read: fairseq is imported once and only parses.
 """
 
 import os
+import re
 
 import pytest
 
@@ -76,6 +78,7 @@ pip install something
 ```
 fairseq-train: error: --pe-t5-max-distance must be greater than 16
 fairseq-pe-analyze CHECKPOINT [CHECKPOINT ...] --out DIR
+  └─ fairseq's forward (a diagram: not shell)
 ```
 
 ```python
@@ -157,6 +160,12 @@ STALE = {
     "python script flag": ("python scripts/warm_start_floater.py a.pt b.pt --tolerance 1e-4",
                            "python scripts/warm_start_floater.py a.pt b.pt --tol 1e-4",
                            "scripts/warm_start_floater.py: unknown flag --tol"),
+    "module flag": ("python -m fairseq_pe.translation.quickstart --seeds 1",
+                    "python -m fairseq_pe.translation.quickstart --seed 1",
+                    "fairseq_pe.translation.quickstart: unknown flag --seed"),
+    "module missing": ("python -m fairseq_pe.translation.quickstart --seeds 1",
+                       "python -m fairseq_pe.translation.quickstarts",
+                       "fairseq_pe.translation.quickstarts: no such module"),
     "foreign program": ("pip install fairseq-pe", "sacrebleu ref.txt < hyp.txt",
                         "sacrebleu: unknown program"),
 }
@@ -178,6 +187,49 @@ def test_a_renamed_flag_in_the_real_docs_is_found(tmp_path):
     analyze = next(c for c in COMMANDS if c.program == "fairseq-pe-analyze" and "--out" in c.args)
     renamed = dc.Command(**{**vars(analyze), "args": ["--output" if a == "--out" else a for a in analyze.args]})
     assert f"{analyze.where}: fairseq-pe-analyze: unknown flag --output" in dc.check(renamed)
+
+
+@pytest.mark.parametrize("script", list(dc.FORWARDS))
+def test_the_scripts_pass_their_arguments_where_forwards_says(script):
+    """FORWARDS against the scripts: a line passes ``"$@"`` to the tool (its console script or module)
+    or script named there, and the script reads positional words itself ($1, shift) when it says so."""
+    receiver, positional = dc.FORWARDS[script]
+    names = {receiver, os.path.basename(receiver), *dc.entry_points().get(receiver, ())[:1]}
+    lines = dc.script_code(script).splitlines()
+    assert any('"$@"' in line and any(n in line.split('"$@"')[0] for n in names) for line in lines), (script, names)
+    assert bool(re.search(r"\bshift\b|\$\{?1\b", dc.script_code(script))) == positional
+
+
+def top_level_lines(script):
+    """The lines of a script outside its functions' bodies (there ``"$@"`` is the function's)."""
+    body = False
+    for line in dc.script_code(script).splitlines():
+        opens = re.match(r"(function\s+)?[\w:-]+\s*\(\)", line)  # name() { ... (one line: name() { ...; })
+        if not (opens or body):
+            yield line
+        body = not line.rstrip().endswith("}") if opens else body and line.strip() != "}"
+
+
+def test_every_script_the_docs_run_that_passes_its_arguments_on_is_in_forwards():
+    """A script not in FORWARDS has its flags looked up in its own text: none passes its ``"$@"`` to a
+    tool, a fairseq console script, a module of ours or another script."""
+    for script in {c.program for c in COMMANDS if c.kind == "script"} - set(dc.FORWARDS):
+        passed_to = [line.split('"$@"')[0] for line in top_level_lines(script) if '"$@"' in line]
+        assert not [p for p in passed_to if re.search(r"fairseq-[\w-]+|-m fairseq_pe|\.sh\b", p)], script
+
+
+def test_a_wrong_flag_in_a_doc_fails_the_check(tmp_path):
+    """End to end, as test_doc_command runs on the real docs: a markdown file with one command whose flag
+    was renamed, in a fence and in the prose, is reported at its line; the file as it should be is not."""
+    good = "fairseq-generate data-bin --user-dir fairseq_pe --path c.pt --beam 4"
+    for text, line in (("# A page\n\n```bash\n{}\n```\n", 4), ("# A page\n\nRun `{}` then.\n", 3)):
+        path = tmp_path / "page.md"
+        path.write_text(text.format(good), encoding="utf-8")
+        commands = dc.extract(str(path), "page.md") + dc.inline_commands(str(path), "page.md")
+        assert len(commands) == 1 and dc.check(commands[0]) == []
+        path.write_text(text.format(good.replace("--beam", "--beams")), encoding="utf-8")
+        commands = dc.extract(str(path), "page.md") + dc.inline_commands(str(path), "page.md")
+        assert dc.check(commands[0]) == [f"page.md:{line}: fairseq-generate: unknown flag --beams"]
 
 
 def test_the_documentation_files():

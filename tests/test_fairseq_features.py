@@ -8,9 +8,10 @@ import pickle
 import pytest
 import torch
 
+from fairseq_pe import systems as catalogue
 from helpers import ALL_ENCODINGS, build_model, random_tokens
 
-ENCODINGS = {**ALL_ENCODINGS, "rope-random": ALL_ENCODINGS["rope"] + ["--pe-random-positions", "64"],
+ENCODINGS = {**ALL_ENCODINGS, "rope-random-64": ALL_ENCODINGS["rope"] + ["--pe-random-positions", "64"],
              "t5-untied": ALL_ENCODINGS["t5"] + ["--pe-relative-untie-layers"],
              "ape-learned-all-blocks": ["--pe-absolute", "learned", "--pe-all-blocks"]}
 
@@ -52,7 +53,7 @@ PER_LAYER = {
     "t5-untied": ALL_ENCODINGS["t5"] + ["--pe-relative-untie-layers"],
     "fire-untied": ALL_ENCODINGS["fire"] + ["--pe-relative-untie-layers"],
     "kerple-power": ALL_ENCODINGS["kerple-power"],
-    "floater-all-blocks": ALL_ENCODINGS["floater-all-blocks"],
+    "floater": ALL_ENCODINGS["floater"],
     "floater-bias": ALL_ENCODINGS["floater-bias"],
     "rope": ALL_ENCODINGS["rope"],
     "none": ALL_ENCODINGS["none"],
@@ -102,7 +103,7 @@ def test_every_layer_gets_its_block_when_built_with_layerdrop():
         for side in (model.encoder, model.decoder):
             layers = [side.layers[i] for i in range(len(side.layers))]
             assert [layer.block for layer in layers] == list(range(1, 7))
-            assert all(layer.self_attn.relative is side.embed_positions.relative for layer in layers)
+            assert all(layer.self_attn.uses_relative for layer in layers)
 
 
 # ---- 3. --retain-dropout --retain-dropout-modules, with stock fairseq's names -------------------------------------
@@ -131,25 +132,45 @@ def test_retain_dropout_takes_the_names_of_stock_fairseqs_modules():
         assert not torch.equal(log_probs(model, d), log_probs(model, d))
 
 
+@pytest.mark.parametrize("names,selected", [
+    (("TransformerEncoder", "TransformerEncoderLayer"), {"encoder", "encoder.layers"}),  # fairseq's own test's
+    (("TransformerEncoderLayerBase",), {"encoder.layers"}),
+    (("PositionAwareEncoderLayer", "TransformerDecoderLayer"), {"encoder.layers", "decoder.layers"}),
+    (("TransformerPEEncoder",), {"encoder"}),
+    (("MultiheadAttention",), {"encoder.layers.self_attn", "decoder.layers.self_attn", "decoder.layers.encoder_attn"}),
+])
+def test_retain_dropout_takes_the_class_names_of_fairseqs_layers_and_the_plugins(names, selected):
+    """A name selects the dropout modules whose owner's class, or a base class of it, has that name; fairseq 0.12's
+    XBase classes also answer to X, the legacy name (fairseq's tests/test_inference_dropout.py uses
+    TransformerEncoderLayer, refused before: "no dropout module of this model is called 'TransformerEncoderLayer'")."""
+    import re
+
+    from fairseq.modules import FairseqDropout
+
+    model, _ = build_model("--dropout", "0.3")
+    model.prepare_for_inference_(generation_cfg(*names))
+    applied = {re.sub(r"\.\d+", "", name.rpartition(".")[0]) for name, m in model.named_modules()
+               if isinstance(m, FairseqDropout) and m.apply_during_inference}
+    assert applied == selected
+
+
 def test_a_retained_dropout_module_that_does_not_exist_is_refused():
     from fairseq_pe.errors import UserError
 
     model, _ = build_model("--dropout", "0.3")
     with pytest.raises(UserError, match="--retain-dropout-modules: no dropout module of this model is called "
-                                        "'TransformerPEEncoder'; its dropout modules are MultiheadAttention, "
-                                        "TransformerDecoder, TransformerDecoderLayerBase, TransformerEncoder, "
-                                        "TransformerEncoderLayerBase"):
-        model.prepare_for_inference_(generation_cfg("TransformerPEEncoder"))
+                                        "'TransformerEncoderLayr' \\(its class or a base class\\); its dropout "
+                                        "modules are MultiheadAttention, TransformerDecoder, "
+                                        "TransformerDecoderLayerBase, TransformerEncoder, TransformerEncoderLayerBase"):
+        model.prepare_for_inference_(generation_cfg("TransformerEncoderLayr"))
 
 
 # ---- 5. TorchScript ----------------------------------------------------------------------------------------------
 
 EXPORTABLE = {
-    "none": ["--pe-absolute", "none"],
-    "ape-learned": ["--pe-absolute", "learned"],
-    "ape-sinusoidal": ["--pe-absolute", "sinusoidal"],
+    **{name: catalogue.flags(name) for name in ("none", "ape-learned", "ape-sinusoidal")},
     "ape-learnable-sinusoidal-scaled": ["--pe-absolute", "learnable-sinusoidal", "--pe-sinusoid-scale", "0.5"],
-    "ape-sinusoidal-fairseq": ["--pe-absolute", "sinusoidal-fairseq"],
+    "ape-sinusoidal-fairseq": catalogue.flags("ape-sinusoidal-fairseq"),
 }
 
 
@@ -175,7 +196,7 @@ def test_torchscript_exports_the_absolute_encodings(name):
 
 @pytest.mark.parametrize("flags,named", [
     (ALL_ENCODINGS["rope"], "--pe-relative rope"), (ALL_ENCODINGS["alibi"], "--pe-relative alibi"),
-    (ALL_ENCODINGS["floater"], "--pe-absolute floater"), (ALL_ENCODINGS["floater-bias"], "--pe-floater-bias"),
+    (ALL_ENCODINGS["floater-input"], "--pe-absolute floater"), (ALL_ENCODINGS["floater-bias"], "--pe-floater-bias"),
     (["--pe-absolute", "learned", "--pe-all-blocks"], "--pe-all-blocks"),
     (["--pe-absolute", "sinusoidal", "--pe-random-positions", "64"], "--pe-random-positions 64"),
 ])

@@ -14,18 +14,15 @@ import re
 import pytest
 import torch
 
-from fairseq_pe.translation.quickstart import NAMED_SYSTEMS
+from fairseq_pe import systems as catalogue
 
 from helpers import PLUGIN, cli, synthetic_data_bin
 
 #: a sinusoidal APE, a learned APE at every block, Shaw's RPE, RoPE, ALiBi, T5, KERPLE, FIRE, FLOATER at every block
 #: and as biases, randomised positions (the quickstart's flags where it names them)
 REPRESENTATIVE = {
-    **{name: NAMED_SYSTEMS[name] for name in ("ape-sinusoidal", "rpe-learned", "rope", "alibi", "t5", "kerple-power",
-                                             "fire", "floater-bias")},
-    "ape-learned-all-blocks": ["--pe-absolute", "learned", "--pe-all-blocks"],
-    "floater-all-blocks": NAMED_SYSTEMS["floater"],  # --pe-absolute floater --pe-all-blocks
-    "rope-random": NAMED_SYSTEMS["rope"] + ["--pe-random-positions", "64"],
+    **catalogue.group("representative"),  # the catalogue's names and flags
+    "rope-random-64": catalogue.flags("rope") + ["--pe-random-positions", "64"],
 }
 MODEL = ["--arch", "transformer_pe_tiny", "--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim",
          "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
@@ -98,3 +95,32 @@ def test_layerdrop_ema_averaging_pruning_and_retained_dropout(name, data, tmp_pa
         expected = model(src, torch.tensor([5, 3]), prev)[0]
         torch.testing.assert_close(torch.jit.script(model)(src, torch.tensor([5, 3]), prev)[0], expected,
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_retain_dropout_takes_the_layer_names_of_fairseqs_own_tests(data, tmp_path):
+    """``--retain-dropout-modules TransformerEncoder,TransformerEncoderLayer`` (the names of fairseq's
+    tests/test_inference_dropout.py) was refused ("no dropout module of this model is called
+    'TransformerEncoderLayer'": 0.12's layers are TransformerEncoderLayerBase); stock fairseq accepts it.  The encoder's
+    and its layers' dropout act in evaluation: two seeds decode differently, while without --retain-dropout they agree.
+    The training log names the fixes that change stock fairseq, once (issue 40, 2)."""
+    trained = train(data, tmp_path, ["--pe-absolute", "sinusoidal"], "--max-update", "2")
+    log = trained.stdout + trained.stderr
+    assert len(re.findall(r"fairseq-pe: applied fixes of fairseq 0\.12", log)) == 1
+    line = next(l for l in log.splitlines() if "fairseq-pe: applied fixes" in l)
+    for fix in ("checkpoint_loading", "batch_by_size", "size_errors", "distributed_cpu", "bf16_without_tpu",
+                "exact_resume"):
+        assert fix in line, fix
+
+    def generate(seed, *retain):
+        proc = cli("fairseq-generate", data, "--user-dir", PLUGIN, "--path", str(tmp_path / "checkpoint_last.pt"),
+                   "--gen-subset", "test", "--beam", "1", "--batch-size", "8", "--cpu", "--seed", str(seed), *retain)
+        return re.findall(r"^H-\d+\t(\S+)", proc.stdout, re.M), proc.stdout + proc.stderr
+
+    retain = ("--retain-dropout", "--retain-dropout-modules", "TransformerEncoder,TransformerEncoderLayer")
+    first, log = generate(1, *retain)
+    second, _ = generate(2, *retain)
+    retained = set(re.findall(r"Enabling dropout during inference for module: (\S+)", log))
+    assert retained == {"encoder.dropout_module", *(f"encoder.layers.{i}.{m}" for i in range(3)
+                                                    for m in ("dropout_module", "activation_dropout_module"))}, retained
+    assert len(first) == 6 and first != second  # the hypotheses' scores
+    assert generate(1)[0] == generate(2)[0]

@@ -10,8 +10,10 @@ import torch
 from fairseq_pe.errors import UserError
 from fairseq_pe.positional import build_position_encoding
 from fairseq_pe.positional.fire import EPS, HIDDEN
+from fairseq_pe.positional.pass_state import RelativeRows
 
 from helpers import build_model, largest_tensor_created, random_tokens
+from passes import recorded_passes
 
 
 def fire(heads=2, blocks=2, causal=False, **args):
@@ -68,11 +70,13 @@ def test_left_padding_uses_positions_not_indices():
     out = model.encoder(src, torch.tensor([9, 6]))["encoder_out"][0]
     alone = model.encoder(src[1:, 3:], torch.tensor([6]))["encoder_out"][0]
     torch.testing.assert_close(out[3:, 1], alone[:, 0], rtol=1e-5, atol=1e-5)
-    relative = model.encoder.embed_positions.relative
-    model.encoder(src, torch.tensor([9, 6]))
-    assert relative.row_positions.tolist() == [list(range(9)), [-1] * 3 + list(range(6))]
-    model.encoder(src[1:, 3:], torch.tensor([6]))
-    assert relative.row_positions is None
+    with recorded_passes(model.encoder.embed_positions) as passes:
+        model.encoder(src, torch.tensor([9, 6]))
+        model.encoder(src[1:, 3:], torch.tensor([6]))
+    # what FIRE reads: the rows' positions where the keys are padded (its attention is handed a padding mask)
+    padded, unpadded = passes
+    assert padded.relative_rows(padded=True).positions.tolist() == [list(range(9)), [-1] * 3 + list(range(6))]
+    assert unpadded.relative_rows(padded=False).positions is None
 
 
 def test_training_gives_every_parameter_a_gradient():
@@ -129,10 +133,9 @@ def test_a_bias_per_row_builds_nothing_larger_than_itself():
     positions = torch.arange(40).repeat(3, 1)
     positions[1, :7] = -1
     positions[1, 7:] -= 7
-    enc.set_row_positions(positions, 40)
     with torch.no_grad():
-        bias, largest = largest_tensor_created(lambda: enc.position_bias(40, 40, 0, 1))
+        bias, largest = largest_tensor_created(lambda: enc.position_bias(40, 40, 0, 1, rows=RelativeRows(positions,
+                                                                                                         40)))
     assert bias.shape == (3, 2, 40, 40)
     assert largest <= bias.numel()
-    enc.set_row_positions(None)
     torch.testing.assert_close(bias[0], enc.position_bias(40, 40, 0, 1))  # the indices' own bias

@@ -73,6 +73,7 @@ import torch
 from fairseq_pe.models.precision_probe import (DEFAULT_TOLERANCES, compare_precisions, gradient_deviations,
                                                position_owners, position_parameters, positions_removed,
                                                positions_shifted)
+from fairseq_pe import systems as catalogue
 from helpers import ALL_ENCODINGS, PRECISION_FLAGS, RANDOMISABLE, optimizer_gradients
 from training import TINY, batch, build_trainers, dictionary_dir
 
@@ -140,9 +141,9 @@ def precision_problems(name, data, fault=None, trainer_fault=None):
     return problems, reports, worst
 
 
-#: the encodings with trainable position parameters (the registry must find each; the others have none)
-PARAMETERISED = {"ape-learned", "ape-learnable-sinusoidal", "rpe-learned", "rpe-learnable-sinusoidal", "t5",
-                 "kerple-log", "kerple-power", "fire", "floater", "floater-all-blocks", "floater-bias"}
+#: the encodings with trainable position parameters: the catalogue's System.trainable (the registry must find each;
+#: the others have none)
+PARAMETERISED = {name for name in ALL_ENCODINGS if catalogue.get(name).trainable}
 
 
 @pytest.mark.parametrize("name", list(ENCODINGS))

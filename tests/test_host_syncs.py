@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from helpers import REPO, build_model, load_script, random_tokens
+from passes import recorded_passes
 
 
 def test_no_encoding_syncs_more_than_stock_or_decodes_with_more_than_115_percent_of_the_apes_operators():
@@ -128,8 +129,8 @@ def test_counted_steps_take_the_cuda_branches():
 DEVICE_BRANCHES_OUTSIDE_STEPS = {
     "fairseq_pe/models/attention.py:autocast_off": "autocast turned off on the tensor's own device type: no branch",
     "fairseq_pe/positional/floater.py:FloaterFlow._solve": "autocast turned off on the state's own device type",
-    "fairseq_pe/compat.py:_torchrun_on_cpu.wrapper": "distributed set-up, before training",
-    "fairseq_pe/compat.py:_ddp_on_cpu.wrapper": "building fairseq's DDP wrapper, before training",
+    "fairseq_pe/compat/distributed_cpu.py:_torchrun_on_cpu.wrapper": "distributed set-up, before training",
+    "fairseq_pe/compat/distributed_cpu.py:_ddp_on_cpu.wrapper": "building fairseq's DDP wrapper, before training",
     "fairseq_pe/translation/bucket_loss.py:load_system": "a scoring script: where it puts the model",
     "fairseq_pe/translation/bucket_loss.py:score_references": "a scoring script: where it puts the batches",
     "fairseq_pe/bert/glue.py:evaluate": "an evaluation script: where it puts the model",
@@ -200,9 +201,9 @@ def test_randomised_positions_add_no_sync_to_an_evaluation_pass():
     for name, flags in (("plain", []), ("random", ["--pe-random-positions", "64"])):
         model, d = build_model("--pe-absolute", "sinusoidal", *flags)
         src = random_tokens(d, 4, 9, left_pad=(0, 2, 5, 0))
-        with torch.no_grad(), counting() as passes[name]:
+        with torch.no_grad(), recorded_passes(model.encoder.embed_positions) as built, counting() as passes[name]:
             model.encoder(src, torch.tensor([9, 7, 4, 9]))
-    positions = model.encoder.embed_positions.positions
+    positions = built[-1].positions
     assert int(positions.max()) > 8  # the pass did draw (0 .. n−1 would stay below 9)
     assert passes["random"].sync_ops() == passes["plain"].sync_ops()
     with counting() as draw:

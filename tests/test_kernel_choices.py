@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import fairseq_pe.models.attention as attention_module
+from fairseq_pe import systems as catalogue
 from fairseq_pe.models.attention_probe import recording
 
 from helpers import REPO, build_model, load_script, random_tokens
@@ -59,18 +60,13 @@ def train_pass(model, d, src, tgt):
     return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-BIASED = {
-    "t5": ["--pe-relative", "t5"],
-    "kerple-power": ["--pe-relative", "kerple-power"],
-    "fire": ["--pe-relative", "fire"],
-    "alibi": ["--pe-relative", "alibi"],
-}
+BIASED = {name: catalogue.flags(name) for name in ("t5", "kerple-power", "fire", "alibi")}
 
 
 @pytest.mark.parametrize("checkpointed", [False, True], ids=["", "checkpoint-activations"])
 @pytest.mark.parametrize("name", list(BIASED))
 def test_cuda_choices_train_fused_with_the_blockwise_gradients(name, checkpointed, monkeypatch):
-    flags = ["--pe-absolute", "none", *BIASED[name], "--dropout", "0", "--attention-dropout", "0",
+    flags = [*BIASED[name], "--dropout", "0", "--attention-dropout", "0",
              "--encoder-layers", "3", "--decoder-layers", "3"] + (["--checkpoint-activations"] if checkpointed else [])
     model, d = build_model(*flags)
     plain = build_model(*[f for f in flags if f != "--checkpoint-activations"])[0]  # the same parameters
@@ -90,9 +86,9 @@ def test_cuda_choices_train_fused_with_the_blockwise_gradients(name, checkpointe
             relative = model.encoder.embed_positions.relative
             original = type(relative).position_bias
 
-            def counted(self, *args):
+            def counted(self, *args, **kwargs):
                 builds.append(self.causal)
-                return original(self, *args)
+                return original(self, *args, **kwargs)
 
             patch.setattr(type(relative), "position_bias", counted)
             with recording(model) as calls:

@@ -10,6 +10,7 @@ import torch
 from fairseq_pe.errors import UserError
 
 from helpers import ALL_ENCODINGS, RANDOMISABLE, build_model, random_tokens
+from passes import leftover_tensors, recorded_passes
 
 
 def test_a_decoder_call_without_encoder_out_does_not_reuse_the_last_sources_lengths():
@@ -24,8 +25,9 @@ def test_a_decoder_call_without_encoder_out_does_not_reuse_the_last_sources_leng
         with pytest.raises(UserError, match="--pe-random-eval-decoder spaced needs the source"):
             model.decoder(prev)
         # and a later pass with a source is spaced on its own source
-        model(src[:, :4], torch.tensor([4, 4]), prev)
-        assert model.decoder.embed_positions.positions[0].tolist() == [12, 25, 38, 51, 52]  # ⌊(t+1)·65/5⌋ − 1
+        with recorded_passes(model.decoder.embed_positions) as passes:
+            model(src[:, :4], torch.tensor([4, 4]), prev)
+        assert passes[-1].positions[0].tolist() == [12, 25, 38, 51, 52]  # ⌊(t+1)·65/5⌋ − 1
 
 
 @pytest.mark.parametrize("checkpoint", [False, True], ids=["plain", "checkpoint-activations"])
@@ -40,10 +42,10 @@ def test_a_decoder_only_call_with_floaters_cross_attention_biases_keeps_nothing_
     model.train()
     fresh.train()
     model(src, torch.tensor([11, 11]), prev)
-    injector = model.decoder.embed_positions
     torch.manual_seed(3)
-    out = model.decoder(prev)[0]
-    assert injector.source_positions is None and injector.source_length == 0
+    with recorded_passes(model.decoder.embed_positions) as passes:
+        out = model.decoder(prev)[0]
+    assert passes[-1].source is None and "cross" not in passes[-1].floater_rows and leftover_tensors(model) == {}
     torch.manual_seed(3)
     torch.testing.assert_close(out, fresh.decoder(prev)[0], rtol=0, atol=0)
 

@@ -7,13 +7,11 @@ import json
 import pytest
 
 from fairseq_pe.plotting import MARKERS, family, system_styles
+from fairseq_pe import systems as catalogue
 from fairseq_pe.translation.quickstart import NAMED_SYSTEMS
 
 #: the captions comparison's systems and variants (23), more than matplotlib's cycle and than tab20
-CAPTIONS = ["none", "ape-learned", "ape-sinusoidal", "ape-learnable-sin", "rpe-learned", "rpe-sinusoidal",
-            "rpe-learnable-sin", "rope", "alibi", "t5", "floater", "floater-bias", "floater-warm", "kerple-log",
-            "kerple-power", "sandwich", "fire", "xpos", "ape-sinusoidal-random", "rope-random", "rope-pi", "rope-ntk",
-            "rope-yarn"]
+CAPTIONS = list(catalogue.GROUPS["s2l-cpu-captions"]) + ["rope-pi", "rope-ntk", "rope-yarn"]
 
 
 def distance(a, b):

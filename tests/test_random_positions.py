@@ -6,11 +6,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from fairseq_pe import systems as catalogue
 from fairseq_pe.errors import UserError
 from fairseq_pe.positional import build_position_encoding
+from fairseq_pe.positional.pass_state import RelativeRows
 from fairseq_pe.positional.random_positions import sample_positions
 
 from helpers import ALL_ENCODINGS, RANDOMISABLE, assert_incremental_equals_full, build_model, random_tokens
+from passes import recorded_passes
 
 
 def test_samples_are_sorted_distinct_in_range_and_skip_padding():
@@ -55,16 +58,16 @@ def test_rows_positions_equal_to_the_indices_give_the_usual_terms(name, causal):
     q, k = torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
     probs = torch.rand(4, 5, 5)
 
-    def terms():
-        rq, rk = enc.rotate(q, k, 0, 1)
-        bias = enc.position_bias(5, 5, 0, 1)
-        logits = enc.logit_terms(q.reshape(4, 5, 8), 5, 5, 0, 1)
-        values = enc.value_terms(probs, 5, 5, 0, 1)
+    def terms(positions=None, bound=None):  # a pass whose rows have these positions (None: the indices)
+        rows = RelativeRows(positions, bound)
+        rq, rk = enc.rotate(q, k, 0, 1, rows=rows)
+        bias = enc.position_bias(5, 5, 0, 1, rows=rows)
+        logits = enc.logit_terms(q.reshape(4, 5, 8), 5, 5, 0, 1, rows=rows)
+        values = enc.value_terms(probs, 5, 5, 0, 1, rows=rows)
         return rq @ rk.transpose(-1, -2), bias, logits, values
 
     usual = terms()
-    enc.set_row_positions(torch.arange(5).repeat(2, 1), 5)
-    rows = terms()
+    rows = terms(torch.arange(5).repeat(2, 1), 5)
     for a, b in zip(usual, rows):
         if a is None:
             assert b is None
@@ -72,10 +75,8 @@ def test_rows_positions_equal_to_the_indices_give_the_usual_terms(name, causal):
         torch.testing.assert_close(b.expand(2, *a.shape[-3:]) if b.dim() == 4 else b,
                                    a.expand(2, *a.shape[-3:]) if a.dim() == 3 and b.dim() == 4 else a)
     # shifted positions: distance-only families do not change; a gap changes them
-    enc.set_row_positions(torch.arange(5).repeat(2, 1) + 7, 12)
-    shifted = terms()
-    enc.set_row_positions(torch.tensor([[0, 1, 2, 3, 4], [0, 3, 9, 10, 30]]), 31)
-    gapped = terms()
+    shifted = terms(torch.arange(5).repeat(2, 1) + 7, 12)
+    gapped = terms(torch.tensor([[0, 1, 2, 3, 4], [0, 3, 9, 10, 30]]), 31)
     if name != "fire":  # FIRE's normaliser takes the positions themselves
         for a, b in zip(rows, shifted):
             if a is not None:
@@ -84,11 +85,9 @@ def test_rows_positions_equal_to_the_indices_give_the_usual_terms(name, causal):
     assert any(changed) and not any(g is not None and not torch.allclose(g[0], r[0]) for g, r in zip(gapped, rows))
 
 
-@pytest.mark.parametrize("flags", [["--pe-absolute", "sinusoidal"], ["--pe-absolute", "learned"],
-                                   ["--pe-absolute", "none", "--pe-relative", "alibi"],
-                                   ["--pe-absolute", "none", "--pe-relative", "rope"],
-                                   ["--pe-absolute", "none", "--pe-relative", "learned"],
-                                   ["--pe-absolute", "none", "--pe-relative", "fire", "--pe-fire-threshold", "4"]])
+@pytest.mark.parametrize("flags", [catalogue.flags(name) for name in ("ape-sinusoidal", "ape-learned", "alibi", "rope",
+                                                                     "rpe-learned")]
+                         + [catalogue.flags("fire") + ["--pe-fire-threshold", "4"]])
 def test_training_samples_and_decoding_stays_exact(flags):
     model, d = build_model(*flags, "--pe-random-positions", "64")
     enc_injector, dec_injector = model.encoder.embed_positions, model.decoder.embed_positions
@@ -96,17 +95,18 @@ def test_training_samples_and_decoding_stays_exact(flags):
     src, prev = random_tokens(d, 2, 9, left_pad=(0, 3)), random_tokens(d, 2, 7, seed=1)
     model.train()
     torch.manual_seed(0)
-    out1 = model(src, torch.tensor([9, 6]), prev)[0]
-    first = enc_injector.positions.clone()
-    out2 = model(src, torch.tensor([9, 6]), prev)[0]
-    assert not torch.equal(first, enc_injector.positions) and not torch.allclose(out1, out2)
-    assert int(enc_injector.positions.max()) < 64 and int(dec_injector.positions.max()) >= 7 - 1
+    with recorded_passes(enc_injector) as encoded, recorded_passes(dec_injector) as decoded:
+        out1 = model(src, torch.tensor([9, 6]), prev)[0]
+        out2 = model(src, torch.tensor([9, 6]), prev)[0]
+    first, second = encoded[0].positions, encoded[1].positions
+    assert not torch.equal(first, second) and not torch.allclose(out1, out2)
+    assert int(second.max()) < 64 and int(decoded[1].positions.max()) >= 7 - 1
     out1.float().pow(2).mean().backward()
     model.eval()
     # evaluation: the decoder takes 0 .. n−1, so step-by-step decoding equals the full pass (the encoder samples)
-    with torch.no_grad():
+    with torch.no_grad(), recorded_passes(dec_injector) as decoded:
         model(src, torch.tensor([9, 6]), prev)
-        assert dec_injector.positions.tolist() == [list(range(7))] * 2
+        assert decoded[-1].positions.tolist() == [list(range(7))] * 2
         assert_incremental_equals_full(model, d)
 
 
@@ -132,12 +132,12 @@ def test_evaluation_gives_each_sentence_its_own_fixed_draw():
     src = random_tokens(d, 3, 9, left_pad=(0, 3, 0))
     src[2] = src[0]
     torch.manual_seed(0)
-    with torch.no_grad():
+    with torch.no_grad(), recorded_passes(injector) as passes:
         batch = model.encoder(src, torch.tensor([9, 6, 9]))["encoder_out"][0]
-        positions = injector.positions.clone()
+        positions = passes[-1].positions
         torch.manual_seed(123)
         alone = model.encoder(src[1:2, 3:], torch.tensor([6]))["encoder_out"][0]
-    assert injector.positions[0].tolist() == positions[1, 3:].tolist()
+    assert passes[-1].positions[0].tolist() == positions[1, 3:].tolist()
     assert torch.equal(positions[0], positions[2]) and not torch.equal(positions[0, 3:], positions[1, 3:])
     assert positions[1, :3].tolist() == [-1, -1, -1] and int(positions.max()) < 50
     torch.testing.assert_close(alone[:, 0], batch[3:, 1], rtol=1e-5, atol=1e-5)
@@ -239,15 +239,17 @@ def test_spaced_evaluation_decodes_step_by_step_as_the_full_pass(name):
     src, prev = random_tokens(d, 2, 9, left_pad=(0, 3)), random_tokens(d, 2, 7, seed=1)
     injector = model.decoder.embed_positions
     with torch.no_grad():
-        out = model(src, torch.tensor([9, 6]), prev)[0]
+        with recorded_passes(injector) as passes:
+            out = model(src, torch.tensor([9, 6]), prev)[0]
         expected = spaced_positions(torch.arange(7).unsqueeze(0).repeat(2, 1), torch.tensor([9, 6]), 64)
-        assert injector.positions.tolist() == expected.tolist()
-        assert injector.positions[0, :3].tolist() == [5, 12, 18]  # ⌊(t+1)·65/10⌋ − 1
+        assert passes[-1].positions.tolist() == expected.tolist()
+        assert passes[-1].positions[0, :3].tolist() == [5, 12, 18]  # ⌊(t+1)·65/10⌋ − 1
         assert not torch.allclose(out, default(src, torch.tensor([9, 6]), prev)[0])  # not 0..n−1
         assert_incremental_equals_full(model, d)
     model.train()
-    model(src, torch.tensor([9, 6]), prev)
-    assert injector.positions.tolist() != expected.tolist()  # training draws
+    with recorded_passes(injector) as passes:
+        model(src, torch.tensor([9, 6]), prev)
+    assert passes[-1].positions.tolist() != expected.tolist()  # training draws
 
 
 def test_spaced_evaluation_needs_random_positions():
@@ -269,10 +271,11 @@ def test_spaced_evaluation_in_half_precision_takes_float32s_positions(name, dtyp
     model = model.to(dtype)
     src, prev = random_tokens(d, 2, 9, left_pad=(0, 3)), random_tokens(d, 2, 7, seed=1)
     with torch.no_grad():
-        expected = reference(src, torch.tensor([9, 6]), prev)[0]
-        got = model(src, torch.tensor([9, 6]), prev)[0]
-        assert model.decoder.embed_positions.positions.tolist() == \
-            reference.decoder.embed_positions.positions.tolist()
+        with recorded_passes(reference.decoder.embed_positions) as expected_passes:
+            expected = reference(src, torch.tensor([9, 6]), prev)[0]
+        with recorded_passes(model.decoder.embed_positions) as passes:
+            got = model(src, torch.tensor([9, 6]), prev)[0]
+        assert passes[-1].positions.tolist() == expected_passes[-1].positions.tolist()
         assert got.dtype == dtype and bool(got.isfinite().all())
         assert float((got.float() - expected).abs().max()) < 0.05 * float(expected.abs().max())
         enc = model.encoder(src, torch.tensor([9, 6]))
@@ -301,11 +304,12 @@ def test_spaced_evaluation_with_a_learned_table_checks_the_positions_it_uses():
         src, prev = random_tokens(d, 2, 9, left_pad=pad), random_tokens(d, 2, 5, seed=1)
         lengths = torch.tensor([9 - (pad[i] if i < len(pad) else 0) for i in range(2)])
         with torch.no_grad():
-            model(src, lengths, prev)
+            with recorded_passes(injector) as passes:
+                model(src, lengths, prev)
             expected = spaced_positions(torch.arange(5).unsqueeze(0).repeat(2, 1), lengths, 64)
-            assert injector.positions.tolist() == expected.tolist()
-            assert int(expected.max()) < 64 and injector.length <= 64
-            torch.testing.assert_close(injector.vectors(1), table[expected], rtol=0, atol=0)
+            assert passes[-1].positions.tolist() == expected.tolist()
+            assert int(expected.max()) < 64 and passes[-1].length <= 64
+            torch.testing.assert_close(injector.vectors(passes[-1], 1), table[expected], rtol=0, atol=0)
             assert_incremental_equals_full(model, d)
 
 
@@ -319,8 +323,9 @@ def test_spaced_evaluation_with_a_learned_table_refuses_a_position_training_neve
     src = random_tokens(d, 2, 9)
     # m = 9: pos(8) = ⌊9·65/10⌋ − 1 = 57, so T = 15 reaches 57 + 6 = 63 (the last trained row) and T = 16 needs 64
     with torch.no_grad():
-        model(src, torch.tensor([9, 9]), random_tokens(d, 2, 15, seed=1))
-        assert int(model.decoder.embed_positions.positions.max()) == 63
+        with recorded_passes(model.decoder.embed_positions) as passes:
+            model(src, torch.tensor([9, 9]), random_tokens(d, 2, 15, seed=1))
+        assert int(passes[-1].positions.max()) == 63
         for pad in ((), (0, 4)):
             with pytest.raises(UserError, match=r"--pe-random-eval-decoder spaced with --pe-random-positions 64: 16 "
                                                 r"target tokens after a source of 9 tokens.* need position 64"):
@@ -336,9 +341,9 @@ def test_spaced_evaluation_with_a_learned_table_refuses_a_position_training_neve
     # an encoding without a table extrapolates past L as before: nothing refused
     model, d = build_model("--pe-absolute", "sinusoidal", "--pe-random-positions", "64",
                            overrides={"pe_random_eval_decoder": "spaced"})
-    with torch.no_grad():
+    with torch.no_grad(), recorded_passes(model.decoder.embed_positions) as passes:
         model(src, torch.tensor([9, 9]), random_tokens(d, 2, 16, seed=1))
-    assert int(model.decoder.embed_positions.positions.max()) == 64
+    assert int(passes[-1].positions.max()) == 64
 
 
 def test_the_spaced_bound_is_the_largest_position_plus_one_for_every_source_length_the_shapes_allow():

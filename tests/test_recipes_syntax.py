@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from fairseq_pe import systems as catalogue
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(REPO, "scripts", "recipes")
 FLOATER_RECIPES = ["floater-table2.sh", "floater-figure2-s2l.sh", "floater-table6.sh", "s2l-all-encodings.sh"]
@@ -96,8 +98,8 @@ def test_table2_base_en_de(tmp_path, bare_path):
     assert cmds[0].startswith("fairseq-pe-prepare-wmt14 --pair en-de --workdir ")
     trains = train_lines(cmds)
     runs = {save_dir(c): c for c in trains}
-    assert set(runs) == {"ape-sinusoidal", "ape-sinusoidal-all", "ape-learned", "ape-learned-all", "floater-input",
-                         "floater", "floater-ws", "ape-sinusoidal-cont"}
+    from_scratch = catalogue.GROUPS["floater-table2"]  # the recipe's systems, and the warm start with its control
+    assert set(runs) == {*from_scratch, "floater-ws", "ape-sinusoidal-cont"} and len(from_scratch) == 6
     assert flags_of(runs["ape-sinusoidal"]) == "--pe-absolute sinusoidal"
     assert flags_of(runs["ape-sinusoidal-all"]) == "--pe-absolute sinusoidal --pe-all-blocks"
     assert flags_of(runs["ape-learned-all"]) == "--pe-absolute learned --pe-all-blocks"
@@ -108,7 +110,7 @@ def test_table2_base_en_de(tmp_path, bare_path):
         assert "--arch transformer_pe_wmt_en_de " in c and "--dropout 0.1 " in c
         for flag in COMMON_TRAIN:
             assert flag in c, (flag, c)
-    for name in ("ape-sinusoidal", "ape-sinusoidal-all", "ape-learned", "ape-learned-all", "floater-input", "floater"):
+    for name in from_scratch:
         for flag in ("--max-update 100000 ", "--lr 0.0007 ", "--lr-scheduler inverse_sqrt ", "--warmup-updates 4000 ",
                      "--warmup-init-lr 1e-07"):
             assert flag in runs[name], (flag, name)

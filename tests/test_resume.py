@@ -46,7 +46,7 @@ ENCODINGS = {
     **ALL_ENCODINGS,
     **{f"{name}-random": flags + ["--pe-random-positions", "64"] for name, flags in ALL_ENCODINGS.items()
        if name in RANDOMISABLE},
-    "floater-all-blocks-refresh": ALL_ENCODINGS["floater-all-blocks"] + REFRESH,
+    "floater-refresh": ALL_ENCODINGS["floater"] + REFRESH,
     "floater-bias-refresh": ALL_ENCODINGS["floater-bias"] + REFRESH,
 }
 #: source and target lengths of each update's batch (padded both sides, as fairseq batches them); the first batch
@@ -181,7 +181,7 @@ def fairseq_train(data, save, flags, updates):
 
 #: the trainings through fairseq-train: FLOATER's refresh in float32, KERPLE's bf16 masters, both with EMA
 CLI_CASES = {
-    "floater-all-blocks-refresh-ema": ENCODINGS["floater-all-blocks-refresh"] + ["--store-ema", "--ema-decay", "0.9"],
+    "floater-refresh-ema": ENCODINGS["floater-refresh"] + ["--store-ema", "--ema-decay", "0.9"],
     "kerple-power-bf16-ema": ENCODINGS["kerple-power"] + ["--bf16", "--store-ema", "--ema-decay", "0.9", "--ema-fp32"],
 }
 

@@ -13,26 +13,19 @@ from fairseq.models import ARCH_CONFIG_REGISTRY
 
 from helpers import FIXTURES, PLUGIN, cli
 
+from fairseq_pe import systems as catalogue
 from fairseq_pe.models.options import position_encoding_defaults
 from fairseq_pe.models.roberta_pe import LEARNED_TABLE_KEY, RobertaPEModel
 from fairseq_pe.positional.sinusoid_scale import ROBERTA_DEFAULTS
 from fairseq_pe.positional.sinusoidal import transformer_frequencies
 
+#: BERT's learned APE (roberta_pe's default), the catalogue's group "roberta" (FIRE's threshold at 4: the test's
+#: sentences go past it), randomised positions with two encodings, FLOATER's biases on the learned APE
 ENCODINGS = [
-    [],  # learned APE (BERT's)
-    ["--pe-absolute", "sinusoidal"],
-    ["--pe-absolute", "learnable-sinusoidal"],
-    ["--pe-absolute", "none", "--pe-relative", "learned"],
-    ["--pe-absolute", "none", "--pe-relative", "learnable-sinusoidal"],
-    ["--pe-absolute", "learned", "--pe-relative", "sinusoidal"],
-    ["--pe-absolute", "none", "--pe-relative", "rope"],
-    ["--pe-absolute", "none", "--pe-relative", "alibi"],
-    ["--pe-absolute", "none", "--pe-relative", "t5"],
-    ["--pe-absolute", "none", "--pe-relative", "kerple-log"],
-    ["--pe-absolute", "none", "--pe-relative", "sandwich"],
-    ["--pe-absolute", "none", "--pe-relative", "fire", "--pe-fire-threshold", "4"],
+    [],
+    *(catalogue.flags(name) + (["--pe-fire-threshold", "4"] if name == "fire" else [])
+      for name in catalogue.GROUPS["roberta"]),
     ["--pe-absolute", "learned", "--pe-relative", "alibi", "--pe-random-positions", "64"],
-    ["--pe-absolute", "floater", "--pe-all-blocks"],
     ["--pe-floater-bias"],
 ]
 

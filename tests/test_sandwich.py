@@ -13,6 +13,7 @@ import torch
 
 from fairseq_pe.errors import UserError
 from fairseq_pe.positional import build_position_encoding
+from fairseq_pe.positional.pass_state import RelativeRows
 
 from helpers import build_model, largest_tensor_created
 
@@ -234,9 +235,9 @@ def test_a_bias_per_row_is_gathered_from_the_distances_and_builds_nothing_larger
     torch.manual_seed(0)
     positions = torch.rand(3, 50).argsort(dim=1)[:, :40].sort(dim=1).values  # sorted draws from [0, 50)
     positions[2, :4] = -1  # padding
-    enc.set_row_positions(positions, 50)
     with torch.no_grad():
-        bias, largest = largest_tensor_created(lambda: enc.position_bias(40, 40, 0, 1))
+        bias, largest = largest_tensor_created(lambda: enc.position_bias(40, 40, 0, 1, rows=RelativeRows(positions,
+                                                                                                         50)))
     assert bias.shape == (3, 2, 40, 40) and largest <= bias.numel()
     distances = positions.unsqueeze(1) - positions.unsqueeze(2)  # j − i
     torch.testing.assert_close(bias, sandwich_bias(distances, enc.dim, 2, enc.first_frequency).transpose(0, 1))

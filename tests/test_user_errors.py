@@ -160,17 +160,45 @@ def test_fairseq_generate_reports_missing_and_corrupt_checkpoints(data_bin, shor
     assert proc.returncode != 0 and "Traceback" in proc.stderr and "UserError" in proc.stderr
 
 
-def test_a_real_bug_keeps_its_traceback(tmp_path):
-    script = tmp_path / "bug.py"
-    script.write_text("import fairseq_pe\nraise RuntimeError('a bug')\n")
+def test_import_leaves_sys_excepthook_alone_and_a_script_keeps_its_traceback(tmp_path):
+    """``import fairseq_pe`` (with fairseq) changes no process-wide hook: in a script a user error is an ordinary
+    exception (traceback, status 1), and so is a real bug."""
     import subprocess
 
+    script = tmp_path / "bug.py"
+    script.write_text("import sys\nhook = sys.excepthook\nimport fairseq, fairseq_pe\n"
+                      "assert sys.excepthook is hook, sys.excepthook\nraise RuntimeError('a bug')\n")
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
-    assert proc.returncode == 1 and "Traceback" in proc.stderr and "RuntimeError: a bug" in proc.stderr
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "RuntimeError: a bug" in proc.stderr, proc.stderr
     script.write_text("import fairseq_pe\nfrom fairseq_pe.errors import UserError\nraise UserError('--x is wrong')\n")
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == "bug.py: error: --x is wrong"
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "UserError: --x is wrong" in proc.stderr
+
+
+def test_the_repl_goes_on_after_a_user_error():
+    """issue 40, 3: the plugin's hook ended ``python -i`` at the first user error (os._exit(2))."""
+    import subprocess
+
+    commands = 'import fairseq_pe\nfrom fairseq_pe.errors import UserError\nraise UserError("x")\nprint("alive")\n'
+    proc = subprocess.run([sys.executable, "-i"], input=commands, capture_output=True, text=True)
+    assert "alive" in proc.stdout, (proc.stdout, proc.stderr[-2000:])
+    assert "UserError: x" in proc.stderr
+
+
+def test_fairseq_train_ends_a_user_error_with_status_2_and_runs_atexit_handlers(data_bin, tmp_path):
+    """A fresh ``fairseq-train --user-dir fairseq_pe`` (as its console script runs it) with a bad ``--pe-*`` value:
+    one line, status 2, and the process's atexit handlers run (an os._exit skipped them)."""
+    import shutil
+    import subprocess
+
+    marker = tmp_path / "atexit-ran"
+    argv = [shutil.which("fairseq-train") or "fairseq-train", data_bin, "--user-dir", PLUGIN, *TRAIN,
+            "--save-dir", str(tmp_path / "save"), "--pe-relative", "t5", "--pe-t5-num-buckets", "0"]
+    code = (f"import atexit, sys\natexit.register(lambda: open({str(marker)!r}, 'w').write('ran'))\n"
+            f"sys.argv = {argv!r}\nfrom fairseq_cli.train import cli_main\nsys.exit(cli_main())\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert_user_error(proc, "fairseq-train", "--pe-t5-num-buckets must be at least 4, got 0")
+    assert marker.read_text() == "ran"
 
 
 # ---- issue 31: bad values, tried ----------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from fairseq_pe.errors import UserError
+from fairseq_pe.positional.pass_state import pass_scope
 from fairseq_pe.positional.rotary import FP16_SCALED_LENGTH
 
 from helpers import assert_incremental_equals_full, build_model, random_tokens
@@ -108,11 +109,12 @@ def test_under_autocast_the_explicit_path_stays_float32():
     torch.manual_seed(2)
     x = torch.randn(AUTOCAST_LENGTH, 1, attention.embed_dim)
     future = torch.triu(torch.full((AUTOCAST_LENGTH, AUTOCAST_LENGTH), float("-inf")), 1)
+    tokens = torch.full((1, AUTOCAST_LENGTH), 4)  # a pass of positions 0 .. n−1 (each call its own)
+    injector = model.decoder.embed_positions
     with torch.no_grad():
-        decoder.begin_pass()
-        full, _ = attention(x, x, x, attn_mask=future, need_weights=True)
-        decoder.begin_pass()
-        with torch.autocast("cpu", dtype=torch.float16):
+        with pass_scope(injector.build_pass(tokens)):
+            full, _ = attention(x, x, x, attn_mask=future, need_weights=True)
+        with pass_scope(injector.build_pass(tokens)), torch.autocast("cpu", dtype=torch.float16):
             amp, _ = attention(x, x, x, attn_mask=future, need_weights=True)
     assert torch.isfinite(amp).all()
     torch.testing.assert_close(amp.float(), full, rtol=0, atol=0.02)

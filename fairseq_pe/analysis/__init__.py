@@ -12,7 +12,8 @@ and Hugging Face model folders (:mod:`.tables`, :mod:`.huggingface`).  Lower lev
 
 from .checkpoint import CheckpointError, LoadedCheckpoint, load_checkpoint
 from .report import Analysis, AnalysisError, AnalysisOptions, analyze, analyze_checkpoints, analyze_table
-from .tables import PositionTable, TableError, load_position_table
+from .inputs import load_position_table
+from .tables import PositionTable, TableError
 
 __all__ = ["Analysis", "AnalysisError", "AnalysisOptions", "CheckpointError", "LoadedCheckpoint", "PositionTable",
            "TableError", "analyze", "analyze_checkpoints", "analyze_table", "load_checkpoint", "load_position_table"]

@@ -169,10 +169,14 @@ def load_checkpoint(path: str) -> LoadedCheckpoint:
     from fairseq import checkpoint_utils
     from fairseq.models import build_model
 
+    from fairseq_pe.safe_load import CheckpointRefused
+
     if not os.path.isfile(path):
         raise CheckpointError(f"{path}: no such file")
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(path)
+    except CheckpointRefused:  # it would run code as it loads: its own message names what and how to trust it
+        raise
     except Exception as e:  # a truncated file, not a torch pickle, ...
         raise CheckpointError(f"{path}: cannot be read as a fairseq checkpoint ({type(e).__name__}: {e}), nor as a "
                               "position table (a .npy file, or a .pt file holding one 2-D tensor)") from None

@@ -662,7 +662,8 @@ def analyze_checkpoints(paths: Sequence[str], out_dir: str, names: Optional[Sequ
     ``force=False`` refuses (before any work) to replace the files of an earlier analysis, as the
     command does without ``--force``; no output is ever written over a checkpoint analysed."""
     from .checkpoint import load_checkpoint
-    from .tables import input_kind, load_position_table
+    from .inputs import load_position_table
+    from .tables import input_kind
 
     if not paths:
         raise AnalysisError("give at least one CHECKPOINT")

@@ -9,7 +9,8 @@ An input is one of
   :mod:`.huggingface`, which needs ``pip install 'fairseq-pe[hf]'``.
 
 :func:`input_kind` tells which (a ``.pt`` file is a checkpoint when it holds ``model``, ``cfg`` or
-``args``, or cannot be read as plain tensors), :func:`load_position_table` reads a table.  Only the
+``args``, or cannot be read as plain tensors), :func:`load_raw_table` reads a raw table
+(:func:`fairseq_pe.analysis.inputs.load_position_table` any table, this module's or :mod:`.huggingface`'s).  Only the
 analyses of absolute position vectors apply to a table (``report.analyze_table``).
 """
 
@@ -127,13 +128,3 @@ def load_raw_table(path: str) -> PositionTable:
         values = content
     return PositionTable(path=path, vectors=as_matrix(values, path, what), kind="table", source=what,
                          description=f"position table ({suffix})")
-
-
-def load_position_table(path: str) -> PositionTable:
-    """The position table of ``path``: a raw table, or a Hugging Face model folder's."""
-    if os.path.isdir(path):
-        from .huggingface import load_huggingface_table
-
-        input_kind(path)  # a folder without config.json: an error naming it
-        return load_huggingface_table(path)
-    return load_raw_table(path)

@@ -11,6 +11,7 @@ import torch
 
 from fairseq_pe.models.floater_setup import floater_pass, flow_of
 from fairseq_pe.positional.injector import PositionInjector
+from fairseq_pe.positional.pass_state import current_pass, pass_scope
 
 SIDES = ("encoder", "decoder")
 
@@ -80,15 +81,17 @@ def relative_vectors(model, side: str = "encoder") -> Dict[int, Tuple[torch.Tens
 
 
 class _FirstLayerInput(Exception):
-    def __init__(self, x):
+    def __init__(self, x, position_pass):
         self.x = x
+        self.position_pass = position_pass
 
 
-def _first_layer_input(stack, tokens: torch.Tensor, side: str) -> torch.Tensor:
-    """What the stack's first layer receives for ``tokens``, (T, B, C): the stack's own forward
-    (embedding scale, positions, layer norm, FLOATER's solve), stopped at the first layer."""
+def _first_layer_input(stack, tokens: torch.Tensor, side: str):
+    """What the stack's first layer receives for ``tokens``, (T, B, C), and the pass it runs in (None for fairseq's
+    own position modules): the stack's own forward (embedding scale, positions, layer norm, FLOATER's solve),
+    stopped at the first layer."""
     def capture(module, args):
-        raise _FirstLayerInput(args[0])
+        raise _FirstLayerInput(args[0], current_pass())
 
     handle = stack.layers[0].register_forward_pre_hook(capture)
     try:
@@ -97,7 +100,7 @@ def _first_layer_input(stack, tokens: torch.Tensor, side: str) -> torch.Tensor:
         else:
             stack.extract_features(tokens, encoder_out=None)
     except _FirstLayerInput as stop:
-        return stop.x
+        return stop.x, stop.position_pass
     finally:
         handle.remove()
     raise RuntimeError("the first layer was never called")
@@ -118,12 +121,13 @@ def identical_word_logits(model, token, length: int, side: str = "encoder") -> t
     attn._set_skip_embed_dim_check()  # fairseq's fused path ignores before_softmax
     try:
         with torch.no_grad():
-            x = _first_layer_input(stack, tokens, side)
+            x, position_pass = _first_layer_input(stack, tokens, side)
             if layer.normalize_before:
                 x = layer.self_attn_layer_norm(x)
-            # FLOATER's Q/K/V biases were computed by the stack's forward, for these positions
-            logits, _ = attn(query=x, key=x, value=x, key_padding_mask=None, need_weights=False,
-                             before_softmax=True)
+            # in the stack's pass: FLOATER's Q/K/V biases and the relative encoding's rows of these positions
+            with pass_scope(position_pass):
+                logits, _ = attn(query=x, key=x, value=x, key_padding_mask=None, need_weights=False,
+                                 before_softmax=True)
     finally:
         attn.skip_embed_dim_check = fast_path_off
     logits = logits.view(tokens.size(0), attn.num_heads, length, length).double()

@@ -48,6 +48,7 @@ import numpy as np
 
 from fairseq_pe.errors import UserError, cli
 from fairseq_pe.outputs import atomic_open, check_new_files, write_json
+from fairseq_pe.safe_load import CheckpointRefused
 
 DEFAULT_HEAD = "sentence_classification_head"
 
@@ -213,6 +214,8 @@ def evaluate(data_bin: str, checkpoint: str, split: str = "valid", batch_size: i
     overrides = {"data": data_bin}
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint, overrides)
+    except CheckpointRefused:  # it would run code as it loads: its message names what, and how to trust it
+        raise
     except Exception as e:  # noqa: BLE001  (a truncated file, not a torch pickle, ...)
         raise GlueEvalError(f"--path {checkpoint}: cannot be read as a fairseq checkpoint "
                             f"({type(e).__name__}: {str(e)[:300]})") from None

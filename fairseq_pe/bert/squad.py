@@ -50,6 +50,7 @@ import numpy as np
 
 from fairseq_pe.errors import UserError, cli
 from fairseq_pe.outputs import check_new_files, write_json
+from fairseq_pe.safe_load import CheckpointRefused
 
 #: the files of ``--out PREFIX`` (null_odds for SQuAD 2.0 only), in the order they are written
 OUTPUT_NAMES = ("predictions", "nbest", "null_odds", "scores")
@@ -405,6 +406,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     log(f"loading {args.path}")
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(args.path, {"data": args.data})
+    except CheckpointRefused:  # it would run code as it loads: its message names what, and how to trust it
+        raise
     except Exception as e:  # noqa: BLE001  (a truncated file, not a torch pickle, ...)
         raise UserError(f"--path {args.path}: cannot be read as a fairseq checkpoint "
                         f"({type(e).__name__}: {str(e)[:300]})") from None

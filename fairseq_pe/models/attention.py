@@ -33,7 +33,7 @@ along three paths, whose results agree to float rounding:
 """
 
 import contextlib
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import torch
 import torch.nn.functional as F
@@ -43,14 +43,29 @@ from torch.utils.checkpoint import checkpoint
 from fairseq import utils
 from fairseq.modules import MultiheadAttention
 
+from fairseq_pe.positional.pass_state import BlockMaskKey, MaskKey, current_pass
+
 #: logits per block of the blockwise path (B·H·rows·S): 4M floats, 16 MiB in float32
 BLOCK_ELEMENTS = 1 << 22
 
-#: when set, called as ``observer(attention, path, **details)`` by every call of a :class:`PositionAttention`, with
-#: the path it takes ("fused", "blockwise", "explicit", or "fairseq": fairseq's own Python implementation) and, on
-#: the fused path, what it hands to torch's kernel (q, k, v, attn_mask, dropout_p, is_causal); see
-#: :mod:`fairseq_pe.models.attention_probe`
-observer = None
+#: within :func:`observing`, called as ``observer(attention, path, **details)`` by every call of a
+#: :class:`PositionAttention`, with the path it takes ("fused", "blockwise", "explicit", or "fairseq": fairseq's own
+#: Python implementation) and, on the fused path, what it hands to torch's kernel (q, k, v, attn_mask, dropout_p,
+#: is_causal); see :mod:`fairseq_pe.models.attention_probe`.  A module variable set only by :func:`observing` (not a
+#: ContextVar, whose ``get`` breaks ``torch.compile``'s graph at every attention)
+_observer: Optional[Callable] = None
+
+
+@contextlib.contextmanager
+def observing(observer: Callable):
+    """Within the block, every call of a :class:`PositionAttention` is reported to ``observer``; the observer of an
+    enclosing block is restored at its end."""
+    global _observer
+    outer, _observer = _observer, observer
+    try:
+        yield observer
+    finally:
+        _observer = outer
 
 
 def autocast_off(device: torch.device, off: bool = True):
@@ -165,7 +180,9 @@ class PositionAttention(MultiheadAttention):
         # fairseq's fused path reads the projection weights itself (it would skip FLOATER's projection
         # hooks); this class calls torch's kernel itself, so super().forward is always the Python path
         self._set_skip_embed_dim_check()
-        self.relative = None
+        #: whether this self-attention uses its side's relative encoding, which it reaches through the pass under
+        #: way (:class:`~fairseq_pe.positional.pass_state.PositionPass`), as block :attr:`block`
+        self.uses_relative = False
         self.block = 1
         #: decoder self-attention: the ``attn_mask`` fairseq hands it in a full pass is its future mask
         self.future_masked = False
@@ -181,16 +198,27 @@ class PositionAttention(MultiheadAttention):
         return attention
 
     def attach_relative(self, relative, block: int):
-        """Use ``relative`` (a RelativePositionEncoding shared by the side's layers) as block ``block``."""
+        """Use the side's relative encoding ``relative`` (shared by the side's layers, read from the pass under way)
+        as block ``block``."""
         if relative is not None:
             if not self.self_attention:
                 raise ValueError("relative position encodings apply to self-attention only "
                                  "(--cross-self-attention is not supported with --pe-relative)")
             if self.bias_k is not None or self.add_zero_attn:
                 raise ValueError("--pe-relative does not support add_bias_kv / add_zero_attn")
-        # a plain reference: the encoding is a submodule of the encoder/decoder already
-        object.__setattr__(self, "relative", relative)
+        self.uses_relative = relative is not None
         self.block = block
+
+    def relative_of_pass(self):
+        """The side's relative encoding, from the pass under way (None where this attention uses none)."""
+        if not self.uses_relative:
+            return None
+        position_pass = current_pass()
+        if position_pass is None:
+            raise RuntimeError("a PositionAttention with a relative encoding was called outside a pass of its encoder "
+                               "or decoder: open one with fairseq_pe.positional.pass_state.pass_scope("
+                               "injector.build_pass(tokens))")
+        return position_pass
 
     def forward(
         self,
@@ -206,8 +234,9 @@ class PositionAttention(MultiheadAttention):
         need_head_weights: bool = False,
     ):
         explicit = need_weights or need_head_weights or before_softmax or incremental_state is not None
-        if self.relative is None and (explicit or self.bias_k is not None or self.add_zero_attn
-                                      or self.onnx_trace or key is None):
+        observer = _observer
+        if not self.uses_relative and (explicit or self.bias_k is not None or self.add_zero_attn
+                                       or self.onnx_trace or key is None):
             if observer is not None:
                 observer(self, "fairseq")
             return super().forward(query, key, value, key_padding_mask, incremental_state, need_weights,
@@ -222,11 +251,14 @@ class PositionAttention(MultiheadAttention):
         source = query if self.self_attention else key
         k = split_heads(self.k_proj(source))
         v = split_heads(self.v_proj(source if self.self_attention else value))
-        relative = self.relative
-        if relative is None:  # cross-attention, or self-attention without a relative encoding
+        position_pass = self.relative_of_pass()
+        if position_pass is None:  # cross-attention, or self-attention without a relative encoding
             return self._fused(q, k, v, 0, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim), None
 
-        relative.note_padding(key_padding_mask is not None)
+        relative = position_pass.relative
+        # what the encoding reads of the pass: the rows' own positions where the keys are padded (a padding mask is
+        # what fairseq hands over when it found padding: told without reading the tokens)
+        rows = position_pass.relative_rows(padded=key_padding_mask is not None)
         query_offset = 0
         if incremental_state is not None:
             saved = self._get_input_buffer(incremental_state)
@@ -235,7 +267,7 @@ class PositionAttention(MultiheadAttention):
         bias_gradient = torch.is_grad_enabled() and relative.bias_requires_grad
         fused = not explicit and not relative.query_terms and (not bias_gradient or mask_gradient_fused(q.device))
         # SDPA scales the logits itself; the other paths take the queries scaled (with RoPE's rotation: no product)
-        q, k = relative.rotate(q, k, query_offset, self.block, 1.0 if fused else self.scaling)
+        q, k = relative.rotate(q, k, query_offset, self.block, 1.0 if fused else self.scaling, rows=rows)
         if incremental_state is not None:
             if query_offset > 0:
                 k = torch.cat([saved["prev_key"], k], dim=2)
@@ -255,24 +287,25 @@ class PositionAttention(MultiheadAttention):
             v = v.to(q.dtype)
         if fused:
             return self._fused(q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim,
-                               value_dtype, float32), None
+                               value_dtype, float32, relative, rows), None
 
         src_len = k.size(2)
         if observer is not None:
             observer(self, "explicit" if explicit else "blockwise")
         with autocast_off(q.device, float32):
             if explicit:
-                out, probs, logits = self._explicit(q, k, v, attn_mask, key_padding_mask, query_offset, 0, tgt_len,
-                                                    need_probs=True, before_softmax=before_softmax)
+                out, probs, logits = self._explicit(relative, rows, q, k, v, attn_mask, key_padding_mask, query_offset,
+                                                    0, tgt_len, need_probs=True, before_softmax=before_softmax)
                 if before_softmax:
                     return logits.view(bsz * heads, tgt_len, src_len), v.reshape(bsz * heads, src_len, head_dim)
             else:
-                rows = max(1, BLOCK_ELEMENTS // max(1, bsz * heads * src_len))
+                per_block = max(1, BLOCK_ELEMENTS // max(1, bsz * heads * src_len))
                 record = torch.is_grad_enabled()
                 blocks = []
-                for start in range(0, tgt_len, rows):
-                    end = min(tgt_len, start + rows)
-                    args = (q[:, :, start:end], k, v, attn_mask, key_padding_mask, query_offset, start, end)
+                for start in range(0, tgt_len, per_block):
+                    end = min(tgt_len, start + per_block)
+                    args = (relative, rows, q[:, :, start:end], k, v, attn_mask, key_padding_mask, query_offset, start,
+                            end)
                     if record:
                         blocks.append(checkpoint(self._block, *args, use_reentrant=False))
                     else:
@@ -288,13 +321,13 @@ class PositionAttention(MultiheadAttention):
         return out, weights
 
     def _fused(self, q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim, out_dtype=None,
-               float32=False):
+               float32=False, relative=None, rows=None):
         """SDPA with one float mask, or ``is_causal`` (module docstring); returns the (T, B, E) output projection.
-        ``float32``: the encoding keeps q and k in float32, autocast must not lower them (:func:`autocast_off`)."""
+        ``float32``: the encoding keeps q and k in float32, autocast must not lower them (:func:`autocast_off`);
+        ``relative``, ``rows``: the side's relative encoding and what it reads of the pass (None: none)."""
         src_len = k.size(2)
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
-        relative = self.relative
         causal = False
         if self.future_masked and attn_mask is not None and key_padding_mask is None and query_offset == 0 \
                 and tgt_len == src_len and tuple(attn_mask.shape) == (tgt_len, src_len) \
@@ -304,17 +337,18 @@ class PositionAttention(MultiheadAttention):
             mask, causal = None, True
         elif relative is not None:  # the same for the layers of a pass that share the bias: built once per pass
             def mask():
-                bias = relative.position_bias(tgt_len, src_len, query_offset, self.block)
+                bias = relative.position_bias(tgt_len, src_len, query_offset, self.block, rows=rows)
                 return merged_mask(attn_mask, key_padding_mask, bias, bsz, tgt_len, src_len, q.dtype)
 
             gradient = torch.is_grad_enabled() and relative.bias_requires_grad
-            key = ("mask", bsz, tgt_len, src_len, query_offset, relative.bias_key(self.block), q.dtype,
-                   attn_mask is not None, key_padding_mask is not None, gradient)
-            mask = relative.shared(key, mask, keep_graph=gradient and not relative.recomputed)
+            key = MaskKey(bsz, tgt_len, src_len, query_offset, relative.bias_key(self.block), q.dtype,
+                          attn_mask is not None, key_padding_mask is not None, gradient)
+            mask = rows.shared(key, mask, keep_graph=gradient and not relative.recomputed)
         else:
             mask = merged_mask(attn_mask, key_padding_mask, None, bsz, tgt_len, src_len, q.dtype)
         dropout = self.dropout_module
         p = dropout.p if (self.training or dropout.apply_during_inference) else 0.0
+        observer = _observer
         if observer is not None:
             observer(self, "fused", q=q, k=k, v=v, attn_mask=mask, dropout_p=p, is_causal=causal)
         with autocast_off(q.device, float32):
@@ -323,55 +357,54 @@ class PositionAttention(MultiheadAttention):
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
         return self.out_proj(out if out_dtype is None else out.to(out_dtype))
 
-    def _block(self, q, k, v, attn_mask, key_padding_mask, query_offset, start, end):
+    def _block(self, relative, rows, q, k, v, attn_mask, key_padding_mask, query_offset, start, end):
         """Query rows start..end of the attention output (B, H, rows, d), computed explicitly."""
-        return self._explicit(q, k, v, attn_mask, key_padding_mask, query_offset, start, end)[0]
+        return self._explicit(relative, rows, q, k, v, attn_mask, key_padding_mask, query_offset, start, end)[0]
 
-    def _explicit(self, q, k, v, attn_mask, key_padding_mask, query_offset, start, end,
+    def _explicit(self, relative, rows, q, k, v, attn_mask, key_padding_mask, query_offset, start, end,
                   need_probs=False, before_softmax=False):
         """Rows start..end of the attention with every relative term: (output, probabilities, logits).
 
-        ``q`` (B, H, rows, d) is scaled; ``k``, ``v`` (B, H, S, d) hold every key.  A single query row (a step of
+        ``relative``: the side's relative encoding, ``rows`` what it reads of the pass; ``q`` (B, H, rows, d) is
+        scaled; ``k``, ``v`` (B, H, S, d) hold every key.  A single query row (a step of
         step-by-step decoding) takes a relative encoding's query terms into its keys and values instead
         (:meth:`~fairseq_pe.positional.relative_vectors._RelativeVectors.folded_vectors`: q·(k_j + a^K_{j−i}) and
         Σ_j α_ij (v_j + a^V_{j−i}), the same sums), and every layer reads the step's mask, built once."""
-        bsz, heads, rows, head_dim = q.shape
+        bsz, heads, count, head_dim = q.shape
         src_len = k.size(2)
-        relative = self.relative
         offset = query_offset + start
-        folded = relative.query_terms and rows == 1
+        folded = relative.query_terms and count == 1
         if folded:
-            key_vectors, value_vectors = relative.folded_vectors(src_len, offset, self.block)
+            key_vectors, value_vectors = relative.folded_vectors(src_len, offset, self.block, rows=rows)
             k = k + key_vectors.to(k.dtype)
             v = v + value_vectors.to(v.dtype)
-        flat_q = q.reshape(bsz * heads, rows, head_dim)
+        flat_q = q.reshape(bsz * heads, count, head_dim)
         logits = torch.bmm(flat_q, k.reshape(bsz * heads, src_len, head_dim).transpose(1, 2))
-        logits = logits.view(bsz, heads, rows, src_len)
+        logits = logits.view(bsz, heads, count, src_len)
         # in place from here on: no more (B, H, rows, S) copies (bmm's backward needs q and k, not its output)
         if not folded:
-            term = relative.logit_terms(flat_q, rows, src_len, offset, self.block)
+            term = relative.logit_terms(flat_q, count, src_len, offset, self.block, rows=rows)
             if term is not None:
                 logits.add_(term.to(logits.dtype))
                 del term
 
         def mask():
-            bias = relative.position_bias(end - start, src_len, offset, self.block)
-            return merged_mask(None if attn_mask is None else attn_mask[start:end], key_padding_mask, bias, bsz, rows,
+            bias = relative.position_bias(end - start, src_len, offset, self.block, rows=rows)
+            return merged_mask(None if attn_mask is None else attn_mask[start:end], key_padding_mask, bias, bsz, count,
                                src_len, logits.dtype, shift=not before_softmax)
 
-        mask = relative.shared(("explicit-mask", bsz, start, end, offset, src_len, relative.bias_key(self.block),
-                                logits.dtype, attn_mask is not None, key_padding_mask is not None, before_softmax),
-                               mask)
+        mask = rows.shared(BlockMaskKey(bsz, start, end, offset, src_len, relative.bias_key(self.block), logits.dtype,
+                                        attn_mask is not None, key_padding_mask is not None, before_softmax), mask)
         if mask is not None:
             logits.add_(mask)
         if before_softmax:
             return None, None, logits
         probs_float = utils.softmax(logits, dim=-1, onnx_trace=True) if self.onnx_trace else safe_softmax(logits)
         probs = self.dropout_module(probs_float.type_as(logits))
-        flat_probs = probs.view(bsz * heads, rows, src_len)
+        flat_probs = probs.view(bsz * heads, count, src_len)
         out = torch.bmm(flat_probs, v.reshape(bsz * heads, src_len, head_dim))
         if not folded:
-            values = relative.value_terms(flat_probs, rows, src_len, offset, self.block)
+            values = relative.value_terms(flat_probs, count, src_len, offset, self.block, rows=rows)
             if values is not None:
                 out = out + values.to(out.dtype)
-        return out.view(bsz, heads, rows, head_dim), (probs_float if need_probs else None), None
+        return out.view(bsz, heads, count, head_dim), (probs_float if need_probs else None), None

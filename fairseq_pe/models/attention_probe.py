@@ -1,7 +1,7 @@
 """Which path, and which of torch's attention kernels, every attention of a model takes.
 
 :func:`recording` watches the :class:`~fairseq_pe.models.attention.PositionAttention` modules of a model (through
-:data:`fairseq_pe.models.attention.observer`) and records one :class:`AttentionCall` per call: the attention's role
+:func:`fairseq_pe.models.attention.observing`) and records one :class:`AttentionCall` per call: the attention's role
 (encoder self-attention, decoder self-attention, cross-attention), the path it took, and on the fused path what it
 handed to ``torch.nn.functional.scaled_dot_product_attention`` (the mask's shape, dtype and layout, ``is_causal``,
 dropout) with the kernel torch chooses for those arguments on their device (``torch._fused_sdp_choice``, the choice
@@ -15,8 +15,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from . import attention as attention_module
-from .attention import PositionAttention
+from .attention import PositionAttention, observing
 
 ROLES = ("encoder-self", "decoder-self", "cross")
 
@@ -86,12 +85,8 @@ def recording(model):
             call.backend = chosen_backend(q, k, v, attn_mask, dropout_p, is_causal)
         calls.append(call)
 
-    previous = attention_module.observer
-    attention_module.observer = observe
-    try:
+    with observing(observe):
         yield calls
-    finally:
-        attention_module.observer = previous
 
 
 def argument_code(call: AttentionCall) -> str:

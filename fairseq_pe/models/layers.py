@@ -10,8 +10,9 @@ They subclass fairseq's layers and override hooks only:
   with the relative encoding's hooks; same parameters and state-dict keys).
 
 A block's position tensors are computed once per pass by the side's
-:class:`~fairseq_pe.positional.PositionInjector` (:meth:`BlockPositionMixin.position_inputs`); under
-activation checkpointing they are inputs of the checkpointed call (:func:`wrap_layer`).
+:class:`~fairseq_pe.positional.PositionInjector`, from the pass under way
+(:class:`~fairseq_pe.positional.pass_state.PositionPass`, :meth:`BlockPositionMixin.position_inputs`); under
+activation checkpointing they, and the pass, are inputs of the checkpointed call (:func:`wrap_layer`).
 """
 
 import contextlib
@@ -26,6 +27,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 from fairseq_pe.errors import UserError
 from fairseq_pe.positional.base import refuse_data_parallel
 from fairseq_pe.positional.floater_bias import install_projection_biases
+from fairseq_pe.positional.pass_state import PositionPass, close_pass, current_pass, open_pass
 
 from .attention import PositionAttention
 
@@ -83,17 +85,19 @@ def wrap_layer(layer, cfg):
     vectors), which are computed once per pass outside the layer, enter fairseq's checkpointed
     forward as explicit inputs: the recomputation then differentiates with respect to them and
     hands their gradients back to the shared computation (one ODE solve for all blocks), instead
-    of running backward through that shared graph once per layer.  So does the pass's
-    :class:`~fairseq_pe.positional.base.PassContext` (the rows' positions of the relative encoding,
-    ``pe_pass``): the recomputation in backward runs with its own pass's positions, also when another
-    forward pass (with positions of its own: randomised positions) ran between the two.
+    of running backward through that shared graph once per layer.  So does the pass itself
+    (:class:`~fairseq_pe.positional.pass_state.PositionPass`, ``pe_pass``): the recomputation in backward,
+    which runs after the pass's scope has ended, reopens its own pass, also when another forward pass (with
+    positions of its own: randomised positions) ran between the two.
     """
     checkpoint = cfg.checkpoint_activations
     if checkpoint:
         checkpointed = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations).forward
 
         def forward(x, *args, **kwargs):
-            return checkpointed(x, *args, **layer.position_inputs(), **layer.pass_inputs(), **kwargs)
+            position_pass = current_pass()
+            inputs = {} if position_pass is None else {**layer.position_inputs(position_pass), "pe_pass": position_pass}
+            return checkpointed(x, *args, **inputs, **kwargs)
 
         layer.forward = forward
     return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
@@ -119,26 +123,21 @@ class BlockPositionMixin:
     #: the block's position tensors given as inputs (activation checkpointing), during a forward call
     given_positions = None
 
-    def position_inputs(self):
-        """This block's position tensors, computed from the pass's shared positions: the per-block
-        absolute vectors (``pe_block``) and FLOATER's projection biases (``pe_self_0`` .. ``pe_cross_2``)."""
+    def position_inputs(self, position_pass: PositionPass):
+        """This block's position tensors, computed from the pass's positions: the per-block absolute vectors
+        (``pe_block``) and FLOATER's projection biases (``pe_self_0`` .. ``pe_cross_2``)."""
         injector, inputs = self.position_injector, {}
         if injector is None:
             return inputs
         if injector.all_blocks and self.block > 1:
-            inputs["pe_block"] = injector.block_vectors(self.block)
+            inputs["pe_block"] = injector.block_vectors(position_pass, self.block)
         for kind, bias in (("self", injector.self_bias), ("cross", injector.cross_bias)):
             # cross-attention runs (and its biases are computed) only in a pass with a source
             if bias is not None and (kind == "self" or (getattr(self, "encoder_attn", None) is not None
-                                                        and injector.source_positions is not None)):
+                                                        and position_pass.source is not None)):
                 for index in range(3):
-                    inputs[f"pe_{kind}_{index}"] = injector.attention_bias(kind, self.block, index)
+                    inputs[f"pe_{kind}_{index}"] = injector.attention_bias(position_pass, kind, self.block, index)
         return inputs
-
-    def pass_inputs(self):
-        """The pass's shared position state, given with the position tensors to a checkpointed call (``pe_pass``)."""
-        relative = self.self_attn.relative
-        return {} if relative is None else {"pe_pass": relative.context}
 
     def _replicate_for_data_parallel(self):
         refuse_data_parallel()
@@ -150,21 +149,18 @@ class BlockPositionMixin:
 
     def forward(self, x, *args, **kwargs):
         given = {k: kwargs.pop(k) for k in [k for k in kwargs if k.startswith("pe_")]}
-        context = given.pop("pe_pass", None)
-        relative = self.self_attn.relative
-        current = relative.context if context is not None else None
-        if context is not None:  # a checkpointed call, maybe recomputed in backward after another pass began
-            relative.context = context
+        # a checkpointed call brings its pass: maybe recomputed in backward, after the pass's scope ended
+        outer = open_pass(given.pop("pe_pass", None))
         self.given_positions = given or None
         try:
             injector = self.position_injector
             if injector is not None and injector.all_blocks and self.block > 1:
-                x = x + self.position_tensor("pe_block", lambda: injector.block_vectors(self.block)).to(x.dtype)
+                x = x + self.position_tensor("pe_block", lambda: injector.block_vectors(
+                    current_pass(), self.block)).to(x.dtype)
             return super().forward(x, *args, **kwargs)
         finally:
             self.given_positions = None
-            if context is not None:
-                relative.context = current
+            close_pass(outer)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         # (a relative encoding refuses add_bias_kv / add_zero_attn in PositionAttention.attach_relative)
@@ -213,20 +209,35 @@ def use_stock_dropout_names(model):
             module.module_name = STOCK_DROPOUT_NAMES[module.module_name]
 
 
-def retained_dropout_modules(model, cfg):
-    """``--retain-dropout --retain-dropout-modules NAMES`` as a list of names, each checked against the model.
+def _class_names(owner) -> set:
+    """The names ``owner`` answers to in ``--retain-dropout-modules``: its class's and every base class's (up to
+    ``nn.Module``), and for fairseq 0.12's ``XBase`` classes also ``X``, the legacy subclass users name
+    (``TransformerEncoderLayer`` of ``TransformerEncoderLayerBase``, as fairseq's tests/test_inference_dropout.py)."""
+    import torch.nn as nn
+
+    names = set()
+    for cls in type(owner).__mro__:
+        if cls is nn.Module or cls is object or issubclass(nn.Module, cls):
+            continue
+        names.add(cls.__name__)
+        if cls.__name__.endswith("Base"):
+            names.add(cls.__name__[:-len("Base")])
+    return names
+
+
+def retained_dropout_modules(model, names):
+    """``--retain-dropout-modules NAMES`` as the exact list of dropout ``module_name``s fairseq should retain.
 
     fairseq passes the option on as it was given, a string on the command line, and tests ``module_name in NAMES``:
-    a substring test, so that ``'["TransformerEncoder"]'`` works by accident and ``TransformerEncoderLayerBase``
-    also selects ``TransformerEncoder``.  Here the string is read as fairseq's documentation writes it (a list,
-    ``'["A", "B"]'``, or names separated by commas) and matched exactly; a name that no dropout module of the model
-    has would be ignored by fairseq (no dropout, no message) and is refused, with the names there are.  None: the
-    option is not given (fairseq then retains every dropout, or none without ``--retain-dropout``)."""
+    a substring test, so that ``'["TransformerEncoder"]'`` works by accident, ``TransformerEncoderLayerBase`` also
+    selects ``TransformerEncoder``, and ``TransformerEncoderLayer`` (the name fairseq's own tests use) selects no
+    layer of 0.12, whose layers are ``TransformerEncoderLayerBase``.  Here the string is read as fairseq's
+    documentation writes it (a list, ``'["A", "B"]'``, or names separated by commas), and a name selects the dropout
+    modules whose owner's class, or a base class of it, has that name (:func:`_class_names`: stock fairseq's names,
+    0.12's legacy ones and the plugin's own); a name that no owner answers to would be ignored by fairseq (no
+    dropout, no message) and is refused, with the names there are.  None: all, or none (option not given)."""
     import ast
 
-    generation = getattr(cfg, "generation", None)
-    names = getattr(generation, "retain_dropout_modules", None) if getattr(generation, "retain_dropout", False) \
-        else None
     if not names:
         return None
     if isinstance(names, str):
@@ -236,24 +247,23 @@ def retained_dropout_modules(model, cfg):
             parsed = names.split(",")
         names = [parsed] if isinstance(parsed, str) else list(parsed)
     names = [str(name).strip() for name in names if str(name).strip()]
-    known = sorted({m.module_name for m in model.modules() if isinstance(m, FairseqDropout) and m.module_name})
-    unknown = [name for name in names if name not in known]
+    owners = {}  # module_name of each dropout module -> the names its owner answers to
+    for path, module in model.named_modules():
+        if isinstance(module, FairseqDropout) and module.module_name:
+            owner = model.get_submodule(path.rpartition(".")[0]) if "." in path else model
+            owners.setdefault(module.module_name, {module.module_name}).update(_class_names(owner))
+    unknown = [name for name in names if not any(name in answers for answers in owners.values())]
     if unknown:
         raise UserError(f"--retain-dropout-modules: no dropout module of this model is called "
-                        f"{', '.join(map(repr, unknown))}; its dropout modules are {', '.join(known)}")
-    return names
+                        f"{', '.join(map(repr, unknown))} (its class or a base class); its dropout modules are "
+                        f"{', '.join(sorted(owners))}")
+    return sorted(module_name for module_name, answers in owners.items() if answers.intersection(names))
 
 
-@contextlib.contextmanager
-def exact_retain_dropout_modules(model, cfg):
-    """Within the block, ``cfg``'s ``--retain-dropout-modules`` is the list :func:`retained_dropout_modules` reads."""
-    names = retained_dropout_modules(model, cfg)
-    if names is None:
-        yield
-        return
-    given = cfg.generation.retain_dropout_modules
-    cfg.generation.retain_dropout_modules = names
-    try:
-        yield
-    finally:
-        cfg.generation.retain_dropout_modules = given
+def exact_retain_dropout_modules(model, kwargs: dict) -> dict:
+    """``make_generation_fast_``'s keyword arguments (fairseq's ``prepare_for_inference_`` builds them from
+    ``--retain-dropout``/``--retain-dropout-modules``) with the module names :func:`retained_dropout_modules` reads:
+    the model's own override of fairseq's ``make_generation_fast_`` passes them on, leaving ``cfg`` as it is."""
+    if not kwargs.get("retain_dropout") or not kwargs.get("retain_dropout_modules"):
+        return kwargs
+    return {**kwargs, "retain_dropout_modules": retained_dropout_modules(model, kwargs["retain_dropout_modules"])}

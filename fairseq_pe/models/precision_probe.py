@@ -232,8 +232,8 @@ def positions_removed(model: nn.Module):
                 _patch(m, "forward", _zeros_of(m.forward), patched)
             if isinstance(m, RelativePositionEncoding):
                 base = RelativePositionEncoding
-                _patch(m, "rotate", lambda q, k, offset, block, scale=1.0, _m=m: base.rotate(_m, q, k, offset, block,
-                                                                                               scale), patched)
+                _patch(m, "rotate", lambda q, k, offset, block, scale=1.0, rows=None, _m=m: base.rotate(
+                    _m, q, k, offset, block, scale), patched)
                 for hook in ("position_bias", "logit_terms", "value_terms"):
                     _patch(m, hook, lambda *args, **kwargs: None, patched)
                 if hasattr(m, "folded_vectors"):
@@ -271,11 +271,11 @@ def positions_shifted(model: nn.Module, by: int = 1):
 
                 _patch(m, "forward", shifted, patched)
             if isinstance(m, RelativePositionEncoding) and m.adds_bias:
-                def bias(tgt_len, src_len, query_offset, block, _bias=m.position_bias, _m=m):
-                    if _m.row_positions is not None:
+                def bias(tgt_len, src_len, query_offset, block, rows=None, _bias=m.position_bias):
+                    if rows is not None and rows.positions is not None:
                         raise ValueError("positions_shifted shifts the distances of positions 0 .. n−1, not the rows' "
                                          "own (randomised positions, FIRE on a padded batch)")
-                    out = _bias(tgt_len, src_len + by, query_offset, block)  # keys 0 .. S + by − 1
+                    out = _bias(tgt_len, src_len + by, query_offset, block, rows=rows)  # keys 0 .. S + by − 1
                     return None if out is None else out[..., by:]  # key j reads the bias of key j + by
 
                 _patch(m, "position_bias", bias, patched)

@@ -88,8 +88,12 @@ class RobertaPEModel(RobertaModel):
                         "(docs/encodings.md)")
 
     def prepare_for_inference_(self, cfg):
-        with as_user_errors(), exact_retain_dropout_modules(self, cfg):
+        with as_user_errors():
             super().prepare_for_inference_(cfg)
+
+    def make_generation_fast_(self, **kwargs):
+        """``--retain-dropout-modules`` matched exactly, by class names (:func:`.layers.retained_dropout_modules`)."""
+        super().make_generation_fast_(**exact_retain_dropout_modules(self, kwargs))
 
     @classmethod
     def add_args(cls, parser):

@@ -14,6 +14,8 @@ from fairseq.models.transformer import transformer_legacy as stock
 from fairseq_pe.errors import UserError, as_user_errors
 from fairseq_pe.positional import PositionInjector, build_position_encoding
 from fairseq_pe.positional.floater_bias import FloaterAttentionBias
+from fairseq_pe.positional.injector import Source
+from fairseq_pe.positional.pass_state import close_pass, open_pass
 
 from .floater_setup import apply_floater_freezing, build_floater_flow, floater_pass, flow_of
 from .layers import (PositionAwareDecoderLayer, PositionAwareEncoderLayer, blocks_of, exact_retain_dropout_modules,
@@ -77,9 +79,14 @@ class TransformerPEEncoder(TransformerEncoderBase):
     def forward(self, src_tokens, *args, **kwargs):
         injector = self.embed_positions
         injector.source_padded = None
-        # a direct call (not through the model) still solves FLOATER's ODE once for all blocks
+        # a direct call (not through the model) still solves FLOATER's ODE once for all blocks; the pass of this
+        # forward is read by the layers within the scope, and dropped with it
         with floater_pass(flow_of(injector), src_tokens.size(1)):
-            out = super().forward(src_tokens, *args, **kwargs)
+            outer = open_pass(injector.build_pass(src_tokens))
+            try:
+                out = super().forward(src_tokens, *args, **kwargs)
+            finally:
+                close_pass(outer)
         if injector.source_padded is False:
             # nothing is padded (fairseq's encoder has looked, and handed its layers no mask): no mask for the
             # cross-attention either, which then runs without one (fairseq returns an all-False mask, which keeps
@@ -112,19 +119,21 @@ class TransformerPEDecoder(TransformerDecoderBase):
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None, **kwargs):
         injector = self.embed_positions
         length = prev_output_tokens.size(1)
-        injector.forget_source()  # a pass without encoder_out has no source: nothing of the last one's is read
+        source = None  # a pass without encoder_out has no source
         if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
             enc = encoder_out["encoder_out"][0]  # (S, B, C)
             mask = encoder_out["encoder_padding_mask"]
-            mask = mask[0] if len(mask) > 0 else None
-            if injector.spaced_in_evaluation:
-                injector.set_source_lengths(enc.size(0), mask)
+            source = Source(enc.size(0), enc.size(1), mask[0] if len(mask) > 0 else None)
             if injector.cross_bias is not None:
-                injector.set_source(mask, enc.size(0), enc.size(1), enc.device)
                 length = max(length, enc.size(0))
+        # this forward's (or decoding step's) pass, read by the layers within the scope and dropped with it
         with floater_pass(flow_of(injector), length):
-            return super().extract_features(prev_output_tokens, encoder_out=encoder_out,
-                                            incremental_state=incremental_state, **kwargs)
+            outer = open_pass(injector.build_pass(prev_output_tokens, incremental_state is not None, source))
+            try:
+                return super().extract_features(prev_output_tokens, encoder_out=encoder_out,
+                                                incremental_state=incremental_state, **kwargs)
+            finally:
+                close_pass(outer)
 
     def max_positions(self):
         return self.embed_positions.max_positions
@@ -150,8 +159,12 @@ class TransformerPEModel(TransformerModel):
         return stock_equivalent(self)
 
     def prepare_for_inference_(self, cfg):
-        with as_user_errors(), exact_retain_dropout_modules(self, cfg):
+        with as_user_errors():
             super().prepare_for_inference_(cfg)
+
+    def make_generation_fast_(self, **kwargs):
+        """``--retain-dropout-modules`` matched exactly, by class names (:func:`.layers.retained_dropout_modules`)."""
+        super().make_generation_fast_(**exact_retain_dropout_modules(self, kwargs))
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
         # one ODE solve serves the encoder and the decoder of this pass

@@ -20,6 +20,8 @@ import torch.nn as nn
 
 from fairseq_pe.errors import UserError
 
+from .pass_state import RelativeRows
+
 _REGISTRY: Dict[Tuple[str, str], Callable] = {}
 KINDS = ("absolute", "relative")
 
@@ -94,10 +96,10 @@ def constrain(parameter: nn.Parameter, low: Optional[float] = None, high: Option
     """Keep ``parameter`` within [low, high] by projection (a projected-gradient step): it is projected now, and
     after every optimizer step, in the copy the optimizer updates: the parameter itself (plain optimizers,
     ``--memory-efficient-fp16``/``-bf16``, ``--amp``) and the float32 master copy of ``--fp16``/``--bf16``
-    (fairseq's ``FP16Optimizer``), before it is copied back into the model (:mod:`fairseq_pe.compat`).  So the
-    values stored, used and updated are the same under every optimizer, and a resumed run continues the run it
-    resumes.  The bounds ride on the parameter object (``pe_bounds``), which conversions to half precision, DDP
-    and checkpoint loading keep."""
+    (fairseq's ``FP16Optimizer``), before it is copied back into the model
+    (:mod:`fairseq_pe.compat.constrained_parameters`).  So the values stored, used and updated are the same under
+    every optimizer, and a resumed run continues the run it resumes.  The bounds ride on the parameter object
+    (``pe_bounds``), which conversions to half precision, DDP and checkpoint loading keep."""
     parameter.pe_bounds = (low, high)
     project_(parameter.data, parameter.pe_bounds)
     return parameter
@@ -109,44 +111,14 @@ def project_(tensor: torch.Tensor, bounds) -> torch.Tensor:
     return tensor.clamp_(min=low, max=high)
 
 
-class PassState(dict):
-    """What a module keeps of the forward pass under way (FLOATER's biases of this pass, with their autograd graph).
-
-    A copy of the module never carries it: ``copy.deepcopy`` (fairseq's EMA, ``--store-ema``, copies the model
-    after a forward pass, and a tensor inside a graph cannot be deep-copied) and pickling give an empty one, as a
-    new module has, and it is no parameter or buffer, so ``state_dict()`` never holds it.  The next pass fills it."""
-
-    def __deepcopy__(self, memo):
-        return type(self)()
-
-    def __reduce__(self):
-        return type(self), ()
-
-
-class PassContext(PassState):
-    """What the layers of one side share in one forward pass, or one step of step-by-step decoding: the rows'
-    positions, and what depends on positions only (RoPE's angles, a bias, the merged attention mask), computed once,
-    by the first layer that needs it, and read by the others.  The side's
-    :class:`~fairseq_pe.positional.injector.PositionInjector` opens a new one at every pass
-    (:meth:`RelativePositionEncoding.begin_pass`), so nothing is kept between passes and nothing is keyed on the
-    identity of a tensor (fairseq's future mask is a new tensor in every layer).  A copy of the module starts
-    without one (:class:`PassState`)."""
-
-    def value(self, key, compute: Callable[[], torch.Tensor]):
-        """The pass's value of ``key``, computed by ``compute()`` the first time."""
-        if key not in self:
-            self[key] = compute()
-        return self[key]
-
-
 def refuse_data_parallel():
     """``nn.DataParallel`` on two or more devices (``torch.nn.parallel.replicate``) is refused by name: its replicas
     are shallow copies run in threads, whose layers would reach the pass's positions through their plain references
-    to the original model's encodings (:class:`PassContext`): every replica would read, and race on, one pass's
-    state, and compute with the original's parameters.  fairseq's data parallelism is DDP (a process per device,
+    to the original model's modules (a layer's injector, FLOATER's flow): they would compute with the original's
+    parameters, on the original's device.  fairseq's data parallelism is DDP (a process per device,
     each with its own model), which needs nothing of this."""
     raise UserError("nn.DataParallel on several devices is not supported by fairseq_pe models: its replicas run in "
-                    "threads and would share the position encodings' state of the pass under way. Use fairseq's "
+                    "threads and would reach the original model's position encodings. Use fairseq's "
                     "DistributedDataParallel (fairseq-train on several GPUs: one process per GPU, "
                     "--distributed-world-size N), or run the model on one device")
 
@@ -226,8 +198,8 @@ class RelativePositionEncoding(nn.Module):
         out    = probs·v + value_terms(probs, T, S, query_offset, block)  (Shaw family: Σ_j α_ij a^V_{j−i})
 
     A method returning ``None`` contributes nothing.  ``position_bias`` is (H, T, S) and broadcasts
-    over the batch, or is (B, H, T, S) when the rows have positions of their own (:attr:`row_positions`,
-    :meth:`row_distances`: randomised positions, or a padded pass for an encoding that needs positions);
+    over the batch, or is (B, H, T, S) when the rows have positions of their own (``rows.positions``,
+    ``rows.distances``: randomised positions, or a padded pass for an encoding that needs positions);
     ``logit_terms`` takes the scaled queries flattened to (B·H, T, d) and returns a tensor that broadcasts
     to (B, H, T, S); ``value_terms`` takes (B·H, T, S) probabilities and returns (B·H, T, d).  ``causal``
     is True on the decoder side.
@@ -237,8 +209,11 @@ class RelativePositionEncoding(nn.Module):
     explicitly, block by block) and :attr:`bias_requires_grad` (torch's fused kernel on the CPU gives no
     gradient for its mask).  An encoding with neither runs entirely in torch's fused kernel.
 
-    The layers of a side share one encoding; what a pass computes from positions alone is kept in the pass's
-    :class:`PassContext` (:attr:`context`, :meth:`shared`) and computed once per pass or decoding step.
+    Every method takes, as ``rows``, what it reads of the pass under way
+    (:class:`~fairseq_pe.positional.pass_state.RelativeRows`: the rows' positions where they are not the indices,
+    and the pass's memo, where what depends on positions alone is computed once per pass or decoding step and shared
+    by the side's layers); without it (an encoding called on its own) the positions are the indices and nothing is
+    shared.  The encoding keeps nothing of a pass.
 
     Args:
         embed_dim: model dimension; ``head_dim`` = embed_dim / num_heads.
@@ -255,7 +230,7 @@ class RelativePositionEncoding(nn.Module):
     #: whether the encoding has query-dependent terms (``logit_terms``, ``value_terms``)
     query_terms = False
     #: whether the encoding depends on positions beyond their differences (FIRE's normaliser): then it gets the
-    #: rows' positions (:attr:`row_positions`) also when padding is all that separates them from the indices
+    #: rows' positions (``rows.positions``) also when padding is all that separates them from the indices
     needs_positions = False
 
     def __init__(self, embed_dim: int, num_heads: int, num_blocks: int, causal: bool, args=None):
@@ -274,68 +249,8 @@ class RelativePositionEncoding(nn.Module):
         self.head_dim = embed_dim // num_heads
         self.num_blocks = num_blocks
         self.causal = causal
-        #: what the layers share in the pass under way (:meth:`begin_pass`)
-        self.context = PassContext()
         #: whether the layers' forward is recomputed in backward (``--checkpoint-activations``)
         self.recomputed = bool(getattr(args, "checkpoint_activations", False))
-
-    def begin_pass(self, positions: Optional[torch.Tensor] = None, bound: Optional[int] = None,
-                   sampled: bool = False):
-        """A new pass (or decoding step) of this side: the rows' positions (B, S) of every key index (−1 at padding;
-        all below ``bound``, an exclusive bound known without reading them) when they are not the indices, i.e.
-        ``sampled`` (randomised positions), or for an encoding that :attr:`needs_positions`, which uses them when
-        the pass is padded (:meth:`note_padding`)."""
-        self.context = PassContext(rows=positions, bound=bound, sampled=sampled and positions is not None)
-
-    def set_row_positions(self, positions: Optional[torch.Tensor], bound: Optional[int] = None):
-        """A pass whose rows have the positions ``positions`` (B, S), all below ``bound``, or the indices (None)."""
-        self.begin_pass(positions, bound, sampled=True)
-
-    def note_padding(self, padded: bool):
-        """The attention of this pass has keys at padding (fairseq hands it a padding mask): with left padding the
-        rows' positions differ from the indices (told without reading the tokens: fairseq has already looked)."""
-        self.context["padded"] = padded
-
-    @property
-    def row_positions(self) -> Optional[torch.Tensor]:
-        """(B, S) positions of every key index of the pass (−1 at padding) where they are not the indices: sampled,
-        or the rows of a padded pass for an encoding that :attr:`needs_positions`; else None."""
-        context = self.context
-        if context.get("sampled") or (self.needs_positions and context.get("padded")):
-            return context.get("rows")
-        return None
-
-    @property
-    def row_position_bound(self) -> Optional[int]:
-        """An exclusive upper bound of :attr:`row_positions`, known without reading them (no host sync)."""
-        return self.context.get("bound")
-
-    def shared(self, key, compute: Callable[[], torch.Tensor], keep_graph: bool = False):
-        """The pass's value of ``key``: what depends on positions only, computed once per pass or decoding step by
-        the first layer that asks and read by the others.  A value that carries a gradient (a learned bias in
-        training) is kept only with ``keep_graph`` (the fused path, where the layers' gradients add up in the one
-        graph), never where a layer's work is recomputed in backward (the blockwise path,
-        ``--checkpoint-activations``: :attr:`recomputed`), which needs a graph of its own."""
-        # a value computed without autograd (evaluation, or the forward pass of --checkpoint-activations) is never
-        # handed to a computation that records it (the recomputation in backward): it would carry no gradient
-        key = (key, torch.is_grad_enabled())
-        context = self.context
-        if key in context:
-            return context[key]
-        value = compute()
-        values = value if isinstance(value, tuple) else (value,)
-        if keep_graph or not any(torch.is_tensor(v) and v.requires_grad for v in values):
-            context[key] = value
-        return value
-
-    def row_distances(self, tgt_len: int, src_len: int, query_offset: int) -> Optional[torch.Tensor]:
-        """(B, T, S) signed distances j − i between the pass's row positions of key j and query i (query row r
-        at index ``query_offset + r``), or None when the positions are the indices (:func:`relative_distances`)."""
-        positions = self.row_positions
-        if positions is None:
-            return None
-        queries = positions[:, query_offset:query_offset + tgt_len]
-        return positions[:, :src_len].unsqueeze(1) - queries.unsqueeze(2)
 
     @property
     def adds_bias(self) -> bool:
@@ -352,16 +267,17 @@ class RelativePositionEncoding(nn.Module):
         """Blocks with equal keys get the same ``position_bias`` (shared by all layers unless untied)."""
         return 0
 
-    def rotate(self, q, k, query_offset: int, block: int, query_scale: float = 1.0):
+    def rotate(self, q, k, query_offset: int, block: int, query_scale: float = 1.0, rows: RelativeRows = None):
         """The queries and keys of the pass's new positions, rotated (RoPE); the queries also times
         ``query_scale`` (1/√d where the attention computes its logits itself: one product fewer per layer)."""
         return (q if query_scale == 1.0 else q * query_scale), k
 
-    def position_bias(self, tgt_len: int, src_len: int, query_offset: int, block: int):
+    def position_bias(self, tgt_len: int, src_len: int, query_offset: int, block: int, rows: RelativeRows = None):
         return None
 
-    def logit_terms(self, q, tgt_len: int, src_len: int, query_offset: int, block: int):
+    def logit_terms(self, q, tgt_len: int, src_len: int, query_offset: int, block: int, rows: RelativeRows = None):
         return None
 
-    def value_terms(self, probs, tgt_len: int, src_len: int, query_offset: int, block: int):
+    def value_terms(self, probs, tgt_len: int, src_len: int, query_offset: int, block: int,
+                    rows: RelativeRows = None):
         return None

@@ -12,7 +12,7 @@ range it was trained on.  The small ε = 1e-6 of the paper's code keeps the quot
 
 Positions are the tokens' own (0 for a row's first real token), not their indices: with fairseq's
 left-padded source the normaliser of a padded row would otherwise start late (the injector hands the
-rows' positions over, :attr:`row_positions`, as it does for randomised positions).
+rows' positions over, ``rows.positions``, as it does for randomised positions).
 
 Evaluation.  f is a ReLU network of one scalar with one hidden layer, so it is piecewise linear in its input x,
 with at most 33 pieces, cut where a hidden unit switches (x = −b₁ₖ/w₁ₖ): on each piece f(x) = A·x + B, with A and B
@@ -36,6 +36,7 @@ import torch.nn as nn
 from fairseq_pe.errors import UserError
 
 from .base import Float32State, RelativePositionEncoding, option, register_position_encoding
+from .pass_state import BiasKey, as_rows
 
 HIDDEN = 32
 C_INIT = 0.1
@@ -126,11 +127,12 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
             torch.addcmul(intercepts[h][piece], slopes[h][piece], x, out=out[h])
         return out
 
-    def position_bias(self, tgt_len, src_len, query_offset, block):
+    def position_bias(self, tgt_len, src_len, query_offset, block, rows=None):
         """(H, T, S) biases, or (B, H, T, S) when the rows have positions of their own (left padding, randomised
         positions; padding's −1 is masked)."""
         index = block - 1 if self.untie_layers else 0
-        positions = self.row_positions
+        rows = as_rows(rows)
+        positions = rows.positions
 
         def bias():
             device = self.w1.device
@@ -143,4 +145,4 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
             return self.network_at(self.function_input(i, j, index), index).transpose(0, 1)
 
         # once per pass without a gradient to carry; in training a new graph for every layer (and block of rows)
-        return self.shared(("fire", tgt_len, src_len, query_offset, index, positions is not None), bias)
+        return rows.shared(BiasKey(tgt_len, src_len, query_offset, index, positions is not None), bias)

@@ -461,7 +461,7 @@ class FloaterFlow(Float32State):
     def training_state(self) -> dict:
         """What a resumed training needs beyond the parameters: the solution reused until the next refresh and the
         period it was solved in (its θ has been updated since, so it cannot be solved again).  fairseq's trainer
-        keeps it in the checkpoint's extra state, not in the model's state dict (:mod:`fairseq_pe.compat`, fix 9).
+        keeps it in the checkpoint's extra state, not in the model's state dict (:mod:`fairseq_pe.compat.exact_resume`).
         The period is ``num_updates // N``, and ``num_updates`` is the trainer's, which the checkpoint holds.  Under
         DDP only rank 0's is saved, and every rank resumes with it: a rank whose own solution was longer may solve
         again within the period, so a resumed DDP training with a refresh is not bit-identical to the uninterrupted

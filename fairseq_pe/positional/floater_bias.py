@@ -21,7 +21,8 @@ positions of the attending side; cross-attention keys and values those of the so
 import torch
 import torch.nn as nn
 
-from .base import Float32State, PassState
+from .base import Float32State
+from .pass_state import current_pass
 
 QKV = ("q", "k", "v")
 
@@ -37,30 +38,30 @@ class FloaterAttentionBias(Float32State):
         self.num_blocks = num_blocks
         self.num_initial_values = num_blocks * len(QKV)
         self.initial = nn.Parameter(torch.zeros(num_blocks, len(QKV), embed_dim))
-        self._pass = PassState()  # the biases of the pass under way ("states")
 
     def initial_values(self):
         return self.initial.view(-1, self.embed_dim)
 
-    def begin_forward(self, length: int):
-        """Fetch the biases of positions 0 .. length-1 once for the whole forward pass."""
-        self._pass["states"] = self.flow.states(self, length)
+    def states(self, length: int) -> torch.Tensor:
+        """(length, n, D): the biases of positions 0 .. length-1, fetched once for the whole forward pass (kept by
+        the pass, :class:`~fairseq_pe.positional.pass_state.PositionPass`)."""
+        return self.flow.states(self, length)
 
     def row(self, block: int, index: int) -> int:
         """Which of the initial values serves projection ``index`` of 1-based ``block``."""
         return (block - 1) * len(QKV) + index
 
-    def all_tables(self, length: int) -> torch.Tensor:
-        """(length, n·D): every block's q/k/v biases side by side (after :meth:`begin_forward`)."""
-        return self._pass["states"][:length].reshape(length, -1)
+    def all_tables(self, states: torch.Tensor, length: int) -> torch.Tensor:
+        """(length, n·D): every block's q/k/v biases side by side, of ``states`` (:meth:`states`)."""
+        return states[:length].reshape(length, -1)
 
-    def query_tables(self, length: int) -> torch.Tensor:
-        """(length, num_blocks·D): every block's query biases side by side (after :meth:`begin_forward`)."""
-        return self._pass["states"][:length, 0::len(QKV)].reshape(length, -1)
+    def query_tables(self, states: torch.Tensor, length: int) -> torch.Tensor:
+        """(length, num_blocks·D): every block's query biases side by side, of ``states`` (:meth:`states`)."""
+        return states[:length, 0::len(QKV)].reshape(length, -1)
 
-    def table(self, length: int, block: int, index: int) -> torch.Tensor:
-        """(length × D) biases of projection ``index`` (0 q, 1 k, 2 v) of 1-based ``block``."""
-        states = self._pass.get("states")
+    def table(self, length: int, block: int, index: int, states=None) -> torch.Tensor:
+        """(length × D) biases of projection ``index`` (0 q, 1 k, 2 v) of 1-based ``block``, of the pass's
+        ``states`` where they reach ``length``."""
         if states is None or states.size(0) < length:
             states = self.flow.states(self, length)
         return states[:length, self.row(block, index)]
@@ -77,7 +78,7 @@ class _ProjectionBias:
     def __call__(self, module, inputs, output):
         layer = self.layer
         bias = layer.position_tensor(f"pe_{self.kind}_{self.index}", lambda: layer.position_injector.attention_bias(
-            self.kind, layer.block, self.index))
+            current_pass(), self.kind, layer.block, self.index))
         return output + bias.to(output.dtype)
 
 

@@ -2,16 +2,16 @@
 
 :class:`PositionInjector` is installed as fairseq's ``embed_positions`` hook: the encoder's
 ``forward_embedding`` and the decoder's ``extract_features`` call it with the token batch
-(and the incremental state while decoding step by step).  It computes the positions of the
-batch once, returns the input block's absolute vectors, and keeps the positions so that
-every later block (``--pe-all-blocks``) is served from the same computation by
-:meth:`block_vectors`.  It also owns the side's relative encoding, which the
-self-attention of every block uses (one module, shared by the layers), and FLOATER's Q/K/V
-bias initial values (:mod:`.floater_bias`), whose biases it serves to the projections of
-every block (:meth:`attention_bias`).
+(and the incremental state while decoding step by step), within the pass that the encoder or
+decoder built with :meth:`PositionInjector.build_pass` (:mod:`.pass_state`): the positions of the
+batch, computed once, from which it returns the input block's absolute vectors and serves every
+later block (``--pe-all-blocks``, :meth:`block_vectors`).  It also owns the side's relative
+encoding, which the self-attention of every block uses (one module, shared by the layers), and
+FLOATER's Q/K/V bias initial values (:mod:`.floater_bias`), whose biases it serves to the
+projections of every block (:meth:`attention_bias`).  It keeps nothing of a pass.
 """
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn as nn
@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from fairseq_pe.errors import UserError
 
-from .base import AbsolutePositionEncoding, PassState, RelativePositionEncoding, refuse_data_parallel
+from .base import AbsolutePositionEncoding, RelativePositionEncoding, refuse_data_parallel
+from .pass_state import PassMemo, PositionPass, SourcePositions, current_pass
 from .random_positions import (sample_positions, spaced_position_bound, spaced_positions,
                                spaced_source_length_of_largest)
 
@@ -30,7 +31,7 @@ UNLIMITED_POSITIONS = 1 << 40
 class PositionLimit(int):
     """A side's longest sequence, an int as fairseq needs it, that says which option sets it (``why``): fairseq's
     refusal of a longer sentence, or its skipping of longer training pairs, can then name the option to change
-    (:mod:`fairseq_pe.compat`)."""
+    (:mod:`fairseq_pe.compat.size_errors`)."""
 
     def __new__(cls, value: int, why: str):
         limit = super().__new__(cls, value)
@@ -72,6 +73,14 @@ def lookup_time_major(plan, table: torch.Tensor) -> torch.Tensor:
     return F.embedding(index, table).view(time, batch, table.size(-1))
 
 
+class Source(NamedTuple):
+    """What the decoder's pass takes of its source (``encoder_out``): its padded length, its batch size and its
+    padding mask (B, S), None where nothing is padded."""
+    length: int
+    batch: int
+    padding_mask: Optional[torch.Tensor]
+
+
 class PositionInjector(nn.Module):
     def __init__(self, absolute: Optional[AbsolutePositionEncoding], padding_idx: int,
                  relative: Optional[RelativePositionEncoding] = None,
@@ -85,22 +94,13 @@ class PositionInjector(nn.Module):
         #: ``--pe-random-eval-decoder spaced`` (decoder): in evaluation, the positions that training draws on average
         #: for a target as long as the source (:func:`.random_positions.spaced_positions`), else 0 .. n−1
         self.spaced_in_evaluation = spaced_in_evaluation and random_positions is not None
-        self.source_lengths: Optional[torch.Tensor] = None  # (B,) the source's real tokens, for the spacing
-        self.source_width = 0  # the source's padded length S (the sizes the spacing's bound is decided from)
-        self.source_has_padding = False  # whether the source came with a padding mask
         self.absolute = absolute
         self.relative = relative  # used by the self-attention of every block
         self.self_bias = self_bias  # FLOATER Q/K/V biases of self-attention
         self.cross_bias = cross_bias  # FLOATER Q/K/V biases of cross-attention (decoder)
-        self.source_positions: Optional[torch.Tensor] = None  # (B, S), for cross-attention keys/values
-        self.source_length = 0
         self.padding_idx = padding_idx
         # follows the model's dtype (.half(), .bfloat16()) so returned zeros/vectors match it
         self.register_buffer("_dtype_probe", torch.zeros(0), persistent=False)
-        self.positions: Optional[torch.Tensor] = None  # (B, T) of the current forward pass
-        self.length = 0  # 1 + the largest position of the current forward pass
-        self._plan = self._source_plan = None  # gather plans of this side's / the source's positions
-        self._rows = PassState()  # FLOATER biases of the current pass: kind -> one (T, B, D) tensor per projection
         #: the encoder's pass under way: whether fairseq handed its layers a padding mask (None: no layer ran)
         self.source_padded: Optional[bool] = None
 
@@ -127,10 +127,24 @@ class PositionInjector(nn.Module):
         return self.absolute is not None and self.absolute.all_blocks
 
     def forward(self, tokens: torch.Tensor, incremental_state=None) -> torch.Tensor:
-        """Absolute vectors of the input block, (B, T, D); (B, T, 1) zeros without one.
+        """Absolute vectors of the input block, (B, T, D); (B, T, 1) zeros without one: fairseq's
+        ``embed_positions`` hook, called within this side's pass (:meth:`build_pass`).  Called on its own (no pass
+        of this side under way) it builds a pass for the vectors alone.
 
         With ``incremental_state`` only the last time step is returned.
         """
+        position_pass = current_pass()
+        if position_pass is None or position_pass.owner is not self:
+            position_pass = self.build_pass(tokens, incremental_state is not None)
+        if self.absolute is None:
+            positions = position_pass.positions
+            return positions.new_zeros(positions.shape + (1,), dtype=self._dtype_probe.dtype)
+        return self.vectors(position_pass, block=1)
+
+    def build_pass(self, tokens: torch.Tensor, incremental: bool = False,
+                   source: Optional[Source] = None) -> PositionPass:
+        """The pass of ``tokens`` (B, T): a forward pass, or with ``incremental`` a step of step-by-step decoding
+        (every token so far, the last one new); ``source``: the decoder's source, None without ``encoder_out``."""
         positions = token_positions(tokens, self.padding_idx)
         sampled = self.random_positions is not None and (self.training or not self.causal)
         # every position is below this bound, known without reading them (a host sync): the table's length
@@ -138,48 +152,50 @@ class PositionInjector(nn.Module):
         if sampled:  # evaluation: each sentence's own fixed draw (reproducible whatever the batch)
             positions = sample_positions(positions, self.random_positions, None if self.training else tokens)
         elif self.spaced_in_evaluation and not self.training:
-            if self.source_lengths is None:
+            if source is None:
                 raise UserError("--pe-random-eval-decoder spaced needs the source: the decoder was called without "
                                 "encoder_out")
-            positions = spaced_positions(positions, self.source_lengths, self.random_positions)
+            positions = spaced_positions(positions, self.source_lengths(source), self.random_positions)
             # past the source's length 1 apart: a bound of the positions used, from the sizes (no host sync)
-            sampled, bound = True, spaced_position_bound(self.random_positions, tokens.size(1), self.source_width,
-                                                         self.source_has_padding)
-            self._check_trained_rows(bound, tokens.size(1))
-        if self.relative is not None:
-            # a new pass of the side's relative encoding, with the rows' own positions where they are not the
-            # indices: sampled, or for an encoding that needs more than their differences (FIRE), which uses them if
-            # the pass is padded (the keys so far, while decoding)
-            needed = sampled or self.relative.needs_positions
-            self.relative.begin_pass(positions if needed else None, bound, sampled)
-        self.length = max(bound, 1)
-        if incremental_state is not None:
+            has_padding = source.padding_mask is not None
+            sampled, bound = True, spaced_position_bound(self.random_positions, tokens.size(1), source.length,
+                                                         has_padding)
+            self._check_trained_rows(bound, tokens.size(1), source.length, has_padding)
+        relative = self.relative
+        # the rows' own positions where they are not the indices: sampled, or for an encoding that needs more than
+        # their differences (FIRE), which uses them if the pass is padded (the keys so far, while decoding)
+        rows = positions if relative is not None and (sampled or relative.needs_positions) else None
+        length = max(bound, 1)
+        if incremental:
             positions = positions[:, -1:]
-        self.positions = positions
-        self._plan = gather_plan(positions)
+        plan = gather_plan(positions)
+        cross = self.cross_bias is not None and source is not None
+        source_positions = self.source_positions(source) if cross else None
         # FLOATER biases on this side's positions: every block's q/k/v (and cross-attention q) in one gather
-        self._rows = PassState()
-        for kind, bias in (("self", self.self_bias), ("cross", self.cross_bias)):
+        floater_rows = {}
+        for kind, bias in (("self", self.self_bias), ("cross", self.cross_bias if cross else None)):
             if bias is not None:
-                bias.begin_forward(max(self.length, self.source_length if kind == "cross" else 0))
+                states = bias.states(max(length, source_positions.length) if kind == "cross" else length)
+                if kind == "cross":  # the source's keys and values read them too (attention_bias)
+                    source_positions = source_positions._replace(floater_states=states)
                 # cross-attention: the queries only; its keys and values live on the source positions
-                tables = bias.all_tables(self.length) if kind == "self" else bias.query_tables(self.length)
+                tables = bias.all_tables(states, length) if kind == "self" else bias.query_tables(states, length)
                 # unbind, not indexing: the backward of n selects would build n full-size zero tensors
-                self._rows[kind] = lookup_time_major(self._plan, tables).unflatten(-1, (-1, bias.embed_dim)).unbind(2)
-        if self.absolute is None:
-            return positions.new_zeros(positions.shape + (1,), dtype=self._dtype_probe.dtype)
-        return self.vectors(block=1)
+                floater_rows[kind] = lookup_time_major(plan, tables).unflatten(-1, (-1, bias.embed_dim)).unbind(2)
+        return PositionPass(owner=self, positions=positions, plan=plan, length=length, memo=PassMemo(),
+                            relative=relative, rows=rows,
+                            sampled=sampled and rows is not None, floater_rows=floater_rows, source=source_positions)
 
-    def _check_trained_rows(self, bound: int, target_length: int):
+    def _check_trained_rows(self, bound: int, target_length: int, source_width: int, source_has_padding: bool):
         """Spaced positions reach ``bound`` − 1: past L − 1 an absolute table's rows were never trained (training
         draws from [0, L)), so the pass is refused by name, never read or clamped.  Encodings without a table
         extrapolate past L as they would past any trained length."""
         limit, absolute = self.random_positions, self.absolute
         if bound <= limit or absolute is None or absolute.max_positions is None:
             return
-        m = spaced_source_length_of_largest(limit, target_length, self.source_width, self.source_has_padding)
-        source = (f"a source of {m} tokens" if not self.source_has_padding else
-                  f"a source of {m} tokens, the worst case of this batch's sources padded to {self.source_width} "
+        m = spaced_source_length_of_largest(limit, target_length, source_width, source_has_padding)
+        source = (f"a source of {m} tokens" if not source_has_padding else
+                  f"a source of {m} tokens, the worst case of this batch's sources padded to {source_width} "
                   "(their lengths are not read: a host sync at every step; one sentence at a time, --batch-size 1, "
                   "is decided on its own length)")
         raise UserError(f"--pe-random-eval-decoder spaced with --pe-random-positions {limit}: {target_length} target "
@@ -188,43 +204,41 @@ class PositionInjector(nn.Module):
                         f"trained. Decode with --pe-random-eval-decoder indices, or shorter hypotheses "
                         f"(--max-len-a/--max-len-b), or train with a larger --pe-random-positions")
 
-    def forget_source(self):
-        """Before a decoder pass: nothing of an earlier pass's source is kept (a pass without ``encoder_out`` has
-        none: the spacing then refuses it by name, FLOATER's cross-attention biases are not computed)."""
-        self.source_lengths = self.source_positions = self._source_plan = None
-        self.source_width, self.source_has_padding, self.source_length = 0, False, 0
+    def vectors(self, position_pass: PositionPass, block: int) -> torch.Tensor:
+        """Block ``block``'s absolute vectors for the pass's positions, (B, T, D), 0 at padding."""
+        return lookup(position_pass.positions,
+                      self.absolute(position_pass.length, block).to(self._dtype_probe.dtype))
 
-    def vectors(self, block: int) -> torch.Tensor:
-        """Block ``block``'s absolute vectors for the current positions, (B, T, D), 0 at padding."""
-        return lookup(self.positions, self.absolute(self.length, block).to(self._dtype_probe.dtype))
-
-    def set_source_lengths(self, src_len: int, encoder_padding_mask: Optional[torch.Tensor]):
+    def source_lengths(self, source: Source) -> torch.Tensor:
         """The number of real source tokens of each row (decoder side, ``--pe-random-eval-decoder spaced``)."""
-        self.source_width, self.source_has_padding = src_len, encoder_padding_mask is not None
-        if encoder_padding_mask is None:
-            self.source_lengths = torch.full((1,), src_len, device=self._dtype_probe.device)
-        else:
-            self.source_lengths = src_len - encoder_padding_mask.sum(dim=1)
+        if source.padding_mask is None:
+            return torch.full((1,), source.length, device=self._dtype_probe.device)
+        return source.length - source.padding_mask.sum(dim=1)
 
-    def set_source(self, encoder_padding_mask: Optional[torch.Tensor], src_len: int, batch: int, device):
-        """Positions of the source tokens (decoder side: cross-attention keys and values)."""
-        if encoder_padding_mask is None:
-            self.source_positions = torch.arange(src_len, device=device).unsqueeze(0).expand(batch, src_len)
+    def source_positions(self, source: Source) -> SourcePositions:
+        """Positions of the source tokens (decoder side: FLOATER's cross-attention keys and values)."""
+        mask = source.padding_mask
+        if mask is None:
+            positions = torch.arange(source.length, device=self._dtype_probe.device).unsqueeze(0).expand(
+                source.batch, source.length)
         else:
-            self.source_positions = torch.cumsum(~encoder_padding_mask, dim=1) * (~encoder_padding_mask) - 1
-        self.source_length = max(src_len, 1)  # a bound of the positions, known without reading them
-        self._source_plan = gather_plan(self.source_positions)
+            positions = torch.cumsum(~mask, dim=1) * (~mask) - 1
+        # a bound of the positions, known without reading them
+        return SourcePositions(plan=gather_plan(positions), length=max(source.length, 1))
 
-    def attention_bias(self, kind: str, block: int, index: int) -> torch.Tensor:
+    def attention_bias(self, position_pass: PositionPass, kind: str, block: int, index: int) -> torch.Tensor:
         """FLOATER bias (T, B, D) of projection ``index`` (q, k, v) of ``kind`` attention in ``block``."""
         if kind == "self":
-            return self._rows["self"][self.self_bias.row(block, index)]
+            return position_pass.floater_rows["self"][self.self_bias.row(block, index)]
         if index == 0:  # cross-attention queries: this side's positions
-            return self._rows["cross"][block - 1]
+            return position_pass.floater_rows["cross"][block - 1]
         # cross-attention keys and values: the source's positions
-        return lookup_time_major(self._source_plan, self.cross_bias.table(self.source_length, block, index))
+        source = position_pass.source
+        return lookup_time_major(source.plan, self.cross_bias.table(source.length, block, index,
+                                                                    source.floater_states))
 
-    def block_vectors(self, block: int) -> torch.Tensor:
+    def block_vectors(self, position_pass: PositionPass, block: int) -> torch.Tensor:
         """(T, B, D) vectors added at the input of 1-based ``block`` > 1 with ``--pe-all-blocks`` (block 1
         receives its vectors at the embedding layer)."""
-        return lookup_time_major(self._plan, self.absolute(self.length, block).to(self._dtype_probe.dtype))
+        return lookup_time_major(position_pass.plan,
+                                 self.absolute(position_pass.length, block).to(self._dtype_probe.dtype))

@@ -32,6 +32,7 @@ import torch.nn as nn
 from fairseq_pe.errors import UserError
 
 from .base import Float32State, RelativePositionEncoding, constrain, register_position_encoding
+from .pass_state import BiasKey, as_rows
 
 logger = logging.getLogger(__name__)
 
@@ -96,16 +97,16 @@ class _Kerple(Float32State, RelativePositionEncoding):
     def kernel(self, distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def position_bias(self, tgt_len, src_len, query_offset, block):
+    def position_bias(self, tgt_len, src_len, query_offset, block, rows=None):
         """(H, T, S) biases, from the T + S − 1 distinct distances (a Toeplitz view, as T5's); (B, H, T, S) from
         the rows' own positions when they have them."""
-        return self.shared(("kerple", tgt_len, src_len, query_offset, self.bias_key(block),
-                            self.row_positions is not None),
-                           lambda: self._bias(tgt_len, src_len, query_offset, block))
+        rows = as_rows(rows)
+        return rows.shared(BiasKey(tgt_len, src_len, query_offset, self.bias_key(block), rows.positions is not None),
+                           lambda: self._bias(tgt_len, src_len, query_offset, block, rows))
 
-    def _bias(self, tgt_len, src_len, query_offset, block):
+    def _bias(self, tgt_len, src_len, query_offset, block, rows):
         r1, r2 = self.parameters_in_range(block)
-        rows = self.row_distances(tgt_len, src_len, query_offset)
+        rows = rows.distances(tgt_len, src_len, query_offset)
         if rows is not None:  # the rows' own positions (randomised): (B, H, T, S)
             r1, r2 = r1.view(1, -1, 1, 1), r2.view(1, -1, 1, 1)
             return self.kernel(rows.abs().unsqueeze(1).to(r1.dtype), r1, r2)

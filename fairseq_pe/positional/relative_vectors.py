@@ -32,6 +32,7 @@ import torch.nn as nn
 from fairseq_pe.errors import UserError
 
 from .base import Float32State, RelativePositionEncoding, option, register_position_encoding, relative_distances
+from .pass_state import DistanceIndexKey, FoldedKey, RelativeRows, VectorsKey, as_rows
 from .sinusoid_scale import ScaledSinusoids, scale_of
 from .sinusoidal import sinusoid, transformer_frequencies
 
@@ -57,49 +58,55 @@ class _RelativeVectors(RelativePositionEncoding):
     def table(self, block: int) -> int:
         return block - 1 if self.untie_layers else 0
 
-    def vectors(self, block: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    def vectors(self, block: int, rows: RelativeRows = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """(a^K, a^V) of distances −K..K: each (2K+1, d), or (H, 2K+1, d) when untied per head."""
         raise NotImplementedError
 
-    def distance_index(self, tgt_len, src_len, query_offset, device) -> torch.Tensor:
+    def distance_index(self, tgt_len, src_len, query_offset, device, rows: RelativeRows = None) -> torch.Tensor:
         """(T × S) index into the 2K+1 vectors: clip(j − i, −K, K) + K (shared by the layers of a pass); (B, 1, T, S)
         from the rows' own positions when they have them (randomised positions)."""
+        rows = as_rows(rows)
+
         def compute():
-            rows = self.row_distances(tgt_len, src_len, query_offset)
-            dist = relative_distances(tgt_len, src_len, query_offset, device) if rows is None else rows.unsqueeze(1)
+            own = rows.distances(tgt_len, src_len, query_offset)
+            dist = relative_distances(tgt_len, src_len, query_offset, device) if own is None else own.unsqueeze(1)
             return dist.to(device).clamp(-self.max_distance, self.max_distance) + self.max_distance
 
-        return self.shared(("distance-index", tgt_len, src_len, query_offset), compute)
+        return rows.shared(DistanceIndexKey(tgt_len, src_len, query_offset), compute)
 
-    def folded_vectors(self, src_len, query_offset, block):
+    def folded_vectors(self, src_len, query_offset, block, rows: RelativeRows = None):
         """For one query at index ``query_offset``: (a^K, a^V) of its distance to every key, (S, d), or (H, S, d)
         per head, or (B, ·, S, d) for rows with positions of their own, to be added to the keys and values
         (q·(k_j + a^K_{j−i}) is q·k_j + the logit term, Σ_j α_ij (v_j + a^V_{j−i}) the output plus the value term).
         Once per decoding step (when the vectors do not learn)."""
+        rows = as_rows(rows)
+
         def compute():
-            a_key, a_value = self.vectors(block)
-            index = self.distance_index(1, src_len, query_offset, a_key.device)  # (1, S) or (B, 1, 1, S)
+            a_key, a_value = self.vectors(block, rows)
+            index = self.distance_index(1, src_len, query_offset, a_key.device, rows)  # (1, S) or (B, 1, 1, S)
             index = index.reshape(-1, src_len) if index.dim() == 4 else index.view(src_len)
             if a_key.dim() == 3:  # per head: (H, 2K+1, d) -> (H, S, d), or (B, H, S, d) per row
                 return tuple(v[:, index].movedim(0, 1) if index.dim() == 2 else v[:, index] for v in (a_key, a_value))
             return tuple(v[index].unsqueeze(-3) if index.dim() == 2 else v[index] for v in (a_key, a_value))
 
-        return self.shared(("folded", src_len, query_offset, self.table(block)), compute)
+        return rows.shared(FoldedKey(src_len, query_offset, self.table(block)), compute)
 
-    def logit_terms(self, q, tgt_len, src_len, query_offset, block):
-        a_key, _ = self.vectors(block)
+    def logit_terms(self, q, tgt_len, src_len, query_offset, block, rows=None):
+        rows = as_rows(rows)
+        a_key, _ = self.vectors(block, rows)
         bsz = q.size(0) // self.num_heads
         q = q.view(bsz, self.num_heads, tgt_len, self.head_dim)
         # q·a^K for every distinct distance: (B, H, T, 2K+1)
         per_distance = torch.matmul(q, a_key.to(q.dtype).transpose(-1, -2))
-        index = self.distance_index(tgt_len, src_len, query_offset, q.device)
+        index = self.distance_index(tgt_len, src_len, query_offset, q.device, rows)
         return per_distance.gather(-1, index.expand(bsz, self.num_heads, tgt_len, src_len))
 
-    def value_terms(self, probs, tgt_len, src_len, query_offset, block):
-        _, a_value = self.vectors(block)
+    def value_terms(self, probs, tgt_len, src_len, query_offset, block, rows=None):
+        rows = as_rows(rows)
+        _, a_value = self.vectors(block, rows)
         bsz = probs.size(0) // self.num_heads
         probs = probs.view(bsz, self.num_heads, tgt_len, src_len)
-        index = self.distance_index(tgt_len, src_len, query_offset, probs.device)
+        index = self.distance_index(tgt_len, src_len, query_offset, probs.device, rows)
         # Σ_{j: r(i,j)=r} α_ij for each distance r, then times a^V_r
         per_distance = probs.new_zeros(bsz, self.num_heads, tgt_len, self.num_distances)
         per_distance.scatter_add_(-1, index.expand(bsz, self.num_heads, tgt_len, src_len), probs)
@@ -120,7 +127,7 @@ class ShawRelativePositionEncoding(_RelativeVectors):
         for p in (self.key_vectors, self.value_vectors):
             nn.init.normal_(p, mean=0.0, std=self.head_dim ** -0.5)
 
-    def vectors(self, block):
+    def vectors(self, block, rows=None):
         t = self.table(block)
         return self.key_vectors[t], self.value_vectors[t]
 
@@ -136,7 +143,7 @@ class _SinusoidalRelative(ScaledSinusoids, Float32State, _RelativeVectors):
     def frequencies(self, block) -> torch.Tensor:
         raise NotImplementedError
 
-    def vectors(self, block):
+    def vectors(self, block, rows=None):
         def compute():
             omega = self.frequencies(block)
             distances = torch.arange(-self.max_distance, self.max_distance + 1, device=omega.device)
@@ -146,7 +153,7 @@ class _SinusoidalRelative(ScaledSinusoids, Float32State, _RelativeVectors):
                 table = sinusoid(distances, omega, self.head_dim)
             return self.scaled(table)
 
-        table = self.shared(("vectors", self.table(block)), compute)  # once per pass when nothing in it learns
+        table = as_rows(rows).shared(VectorsKey(self.table(block)), compute)  # once per pass when nothing learns
         return table, table
 
 

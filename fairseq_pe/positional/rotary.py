@@ -37,6 +37,7 @@ from rotary_embedding_torch import RotaryEmbedding
 from fairseq_pe.errors import UserError
 
 from .base import Float32State, RelativePositionEncoding, register_position_encoding
+from .pass_state import RelativeRows, RotationKey, as_rows
 
 SCALINGS = ("none", "linear", "ntk", "yarn")
 #: YaRN's α and β: frequencies with fewer than α turns in the training length are interpolated, more than β kept
@@ -131,26 +132,28 @@ class RotaryPositionEncoding(Float32State, RelativePositionEncoding):
             cache_if_possible=False, cache_max_seq_len=0)
         self.qk_scale = yarn_scale(self.factor) if yarn else 1.0
 
-    def query_positions(self, length: int, query_offset: int, device):
+    def query_positions(self, length: int, query_offset: int, device, rows: RelativeRows = None):
         """The positions of the pass's new queries (and keys): (B, T) from the rows' own positions
         (randomised), else None (the indices query_offset .. query_offset + T − 1)."""
-        if self.row_positions is None:
+        positions = as_rows(rows).positions
+        if positions is None:
             return None
-        return self.row_positions[:, query_offset:query_offset + length].to(device)
+        return positions[:, query_offset:query_offset + length].to(device)
 
-    def rotations(self, length: int, query_offset: int, device, query_scale: float = 1.0):
+    def rotations(self, length: int, query_offset: int, device, query_scale: float = 1.0, rows: RelativeRows = None):
         """The rotations of the pass's new queries (times ``query_scale``) and keys, complex (T, d/2), or
         (B, 1, T, d/2) for rows with positions of their own: computed once per pass (or decoding step) and shared by
         the side's layers."""
-        positions = self.query_positions(length, query_offset, device)
+        rows = as_rows(rows)
+        positions = self.query_positions(length, query_offset, device, rows)
 
         def compute():
-            rotate_q, rotate_k = self._rotations(length, query_offset, positions, device)
+            rotate_q, rotate_k = self._rotations(length, query_offset, positions, device, rows)
             return (rotate_q if query_scale == 1.0 else rotate_q * query_scale), rotate_k
 
-        return self.shared(("rotations", length, query_offset, positions is not None, query_scale), compute)
+        return rows.shared(RotationKey(length, query_offset, positions is not None, query_scale), compute)
 
-    def _rotations(self, length, query_offset, positions, device):
+    def _rotations(self, length, query_offset, positions, device, rows):
         """R(m) as complex numbers per frequency pair, e^(i·m·θ) times the queries' and keys' scale (YaRN's)."""
         angles = self.angles(length, query_offset, positions, device)
         scale = torch.full_like(angles, self.qk_scale)
@@ -166,14 +169,14 @@ class RotaryPositionEncoding(Float32State, RelativePositionEncoding):
             t = positions.float().unsqueeze(1)
         return (t / self.rotary.interpolate_factor).unsqueeze(-1) * self.rotary.freqs  # its einsum, one product
 
-    def rotated_dtype(self, dtype, length, query_offset):
+    def rotated_dtype(self, dtype, length, query_offset, rows=None):
         return dtype
 
-    def rotate(self, q, k, query_offset, block, query_scale=1.0):
+    def rotate(self, q, k, query_offset, block, query_scale=1.0, rows=None):
         # q, k: (B, H, T, d); new keys sit at the same indices as the queries.  Each pair of dimensions (2i, 2i+1)
         # rotates by m·θ_i (rotary-embedding-torch's layout): a complex product, computed in float32
-        rotate_q, rotate_k = self.rotations(q.size(-2), query_offset, q.device, query_scale)
-        dtype = self.rotated_dtype(q.dtype, q.size(-2), query_offset)
+        rotate_q, rotate_k = self.rotations(q.size(-2), query_offset, q.device, query_scale, rows)
+        dtype = self.rotated_dtype(q.dtype, q.size(-2), query_offset, rows)
         return rotated(q, rotate_q, dtype), rotated(k, rotate_k, dtype)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
@@ -227,26 +230,27 @@ class XposPositionEncoding(RotaryPositionEncoding):
         self.register_buffer("log_zeta", zeta.log().float(), persistent=False)  # per frequency pair
         self.max_length = int(80 / (-float(zeta.log().min())) * XPOS_SCALE_BASE)  # |exponent| <= 80 < ln(3.4e38)
 
-    def last_position(self, length, query_offset) -> int:
+    def last_position(self, length, query_offset, rows: RelativeRows = None) -> int:
         """The largest position of the pass's new queries, known without reading the positions (no host sync)."""
-        if self.query_positions(length, query_offset, None) is None:
+        rows = as_rows(rows)
+        if rows.positions is None:
             return query_offset + length - 1
-        return self.row_position_bound - 1  # the rows' own positions: below their bound
+        return rows.bound - 1  # the rows' own positions: below their bound
 
-    def rotated_dtype(self, dtype, length, query_offset):
+    def rotated_dtype(self, dtype, length, query_offset, rows=None):
         # in fp16 the key's scale ζ^(−m/B) times the key leaves the range from a few thousand positions (and the
         # query's underflows): past FP16_SCALED_LENGTH the scaled queries and keys stay float32 (the attention
         # then runs in float32; cached keys of earlier steps are promoted); bf16 has float32's range
         if not self.causal or dtype != torch.float16:
             return dtype
-        return torch.float32 if self.last_position(length, query_offset) >= FP16_SCALED_LENGTH else dtype
+        return torch.float32 if self.last_position(length, query_offset, rows) >= FP16_SCALED_LENGTH else dtype
 
-    def _rotations(self, length, query_offset, positions, device):
+    def _rotations(self, length, query_offset, positions, device, rows):
         angles = self.angles(length, query_offset, positions, device)
         if not self.causal:  # the encoder: plain RoPE (class docstring)
             rotation = torch.polar(torch.ones_like(angles), angles)
             return rotation, rotation
-        last = self.last_position(length, query_offset)
+        last = self.last_position(length, query_offset, rows)
         if last >= self.max_length:
             raise UserError(f"--pe-relative xpos: position {last} is beyond the {self.max_length} positions whose "
                             "scales float32 can hold; use --pe-relative rope for longer sequences")

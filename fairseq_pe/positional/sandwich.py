@@ -8,19 +8,10 @@ sinusoidal position vectors, scaled per head,
 elsewhere; it decays with the distance like a log (the paper's reading: a temporal bias that Sandwich
 shares with KERPLE and ALiBi), and flattens around −d̄/2·H/(8h) far away.
 
-Which source each choice follows.  The paper's text could not be read where this was written (only its
-introduction is in the reference index), so the defaults follow the maintained implementation that cites it,
-NVIDIA NeMo's ``SandwichRelativePositionEmbedding``
-(nemo/collections/nlp/modules/common/megatron/position_embedding/sandwich_relative_position_embedding.py):
-- d̄ = the dimension of one attention head (NeMo's ``hidden_size`` is "hidden size per attention head"),
-  ``--pe-sandwich-dim head``; an even number or ``model`` (the embedding dimension) can be given;
-- the sum from k = 1 to d̄/2 (NeMo's ``arange(1, d̄/2 + 1)``), ``--pe-sandwich-first-frequency 1``;
-  ``0`` gives k = 0..d̄/2 − 1, the frequencies of Vaswani et al.'s sinusoids;
-- the per-head factor H/(8h): NeMo divides by 8h/H, ALiBi's exponent 8h/H (slopes 2^(−8h/H)) made linear.
-With E = 512 and H = 8 that is −0.62 for head 1 at distance 1 and −23.9 at distance 1,023
-(tests/test_sandwich.py).  fairseq-pe 0.1 used d̄ = the embedding dimension and k from 0 (−6.9 and
-−206.6 there); checkpoints saved then carry neither option and are loaded with those values
-(:func:`fairseq_pe.models.options.position_encoding_defaults`), so they compute what they were trained with.
+Choices follow NVIDIA NeMo's ``SandwichRelativePositionEmbedding`` (docs/encodings.md says why and what
+fairseq-pe 0.1 computed): d̄ = one head's dimension (``--pe-sandwich-dim head``), k = 1 .. d̄/2
+(``--pe-sandwich-first-frequency 1``), the factor H/(8h).  E = 512, H = 8: −0.62 for head 1 at distance 1,
+−23.9 at 1,023 (tests/test_sandwich.py).
 
 Symmetric in the encoder (cos is even); in the decoder the causal mask leaves j ≤ i, the paper's
 causal form.  No parameters, no length limit.
@@ -31,6 +22,7 @@ import torch
 from fairseq_pe.errors import UserError
 
 from .base import Float32State, RelativePositionEncoding, option, register_position_encoding
+from .pass_state import BiasKey, as_rows
 
 
 def sandwich_bias(distance: torch.Tensor, dim: int, num_heads: int, first_frequency: int = 1) -> torch.Tensor:
@@ -61,18 +53,19 @@ class SandwichPositionBias(Float32State, RelativePositionEncoding):
             raise UserError(f"--pe-sandwich-first-frequency must be 0 or 1, got {self.first_frequency}")
         self.register_buffer("anchor", torch.zeros(0), persistent=False)  # follows the model's device
 
-    def position_bias(self, tgt_len, src_len, query_offset, block):
-        rows = self.row_distances(tgt_len, src_len, query_offset)
+    def position_bias(self, tgt_len, src_len, query_offset, block, rows=None):
+        view = as_rows(rows)
+        rows = view.distances(tgt_len, src_len, query_offset)
         if rows is not None:  # the rows' own positions (randomised): (B, H, T, S)
             def per_row():
                 # the bias of each of the 2·bound + 1 possible distances (positions in [−1, bound): −1 is padding),
                 # then gathered: nothing of size (B, T, S, d̄/2) is built (2 GiB at 4,096 tokens and T = 256)
-                bound = self.row_position_bound
+                bound = view.bound
                 table = sandwich_bias(torch.arange(-bound, bound + 1, device=rows.device), self.dim, self.num_heads,
                                       self.first_frequency)
                 return table[:, rows + bound].transpose(0, 1)
 
-            return self.shared(("sandwich-rows", tgt_len, src_len, query_offset), per_row)
+            return view.shared(BiasKey(tgt_len, src_len, query_offset, 0, True), per_row)
 
         def bias():
             # T + S − 1 distinct distances, viewed as (H, T, S) (a Toeplitz view, as T5's)
@@ -81,4 +74,4 @@ class SandwichPositionBias(Float32State, RelativePositionEncoding):
             return sandwich_bias(distance, self.dim, self.num_heads, self.first_frequency).unfold(1, src_len, 1).flip(1)
 
         # the same bias serves every layer of a pass
-        return self.shared(("sandwich", tgt_len, src_len, query_offset), bias)
+        return view.shared(BiasKey(tgt_len, src_len, query_offset, 0, False), bias)

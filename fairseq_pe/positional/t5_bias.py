@@ -17,6 +17,7 @@ import torch.nn as nn
 from fairseq_pe.errors import UserError
 
 from .base import Float32State, RelativePositionEncoding, option, register_position_encoding
+from .pass_state import BiasKey, as_rows
 
 DEFAULT_NUM_BUCKETS = 32
 DEFAULT_MAX_DISTANCE = 128
@@ -76,15 +77,16 @@ class T5PositionBias(Float32State, RelativePositionEncoding):
     def bias_key(self, block):
         return block if self.untie_layers else 0
 
-    def position_bias(self, tgt_len, src_len, query_offset, block):
+    def position_bias(self, tgt_len, src_len, query_offset, block, rows=None):
         """(H, T, S) biases b_h[bucket(j − i)].  They depend on j − i only: the T + S − 1 distances are
         bucketed and looked up once, and the (T, S) matrix is a view of their windows (Toeplitz)."""
-        return self.shared(("t5", tgt_len, src_len, query_offset, self.bias_key(block), self.row_positions is not None),
-                           lambda: self._bias(tgt_len, src_len, query_offset, block))
+        rows = as_rows(rows)
+        return rows.shared(BiasKey(tgt_len, src_len, query_offset, self.bias_key(block), rows.positions is not None),
+                           lambda: self._bias(tgt_len, src_len, query_offset, block, rows))
 
-    def _bias(self, tgt_len, src_len, query_offset, block):
+    def _bias(self, tgt_len, src_len, query_offset, block, rows):
         table = self.bias[block - 1 if self.untie_layers else 0].t()  # (H, buckets)
-        rows = self.row_distances(tgt_len, src_len, query_offset)
+        rows = rows.distances(tgt_len, src_len, query_offset)
         if rows is not None:  # the rows' own positions (randomised): (B, H, T, S)
             buckets = t5_bucket(rows, not self.causal, self.num_buckets, self.max_distance)
             return table[:, buckets].transpose(0, 1)

@@ -39,6 +39,7 @@ from fairseq import checkpoint_utils
 from fairseq.models import ARCH_MODEL_REGISTRY
 
 import fairseq_pe  # noqa: F401  (registers transformer_pe)
+from fairseq_pe import safe_load
 from fairseq_pe.errors import UserError, cli
 from fairseq_pe.models.transformer_pe import TransformerPEModel
 from fairseq_pe.outputs import check_new_file, save_torch
@@ -65,9 +66,12 @@ def check_paths(args):
 
 
 def read_checkpoint(path: str) -> dict:
-    """The checkpoint's state dict; an unreadable file is a :class:`WarmStartError` naming it."""
+    """The checkpoint's state dict, loaded without running code (:mod:`fairseq_pe.safe_load`: refused by name where
+    it needs more); an unreadable file is a :class:`WarmStartError` naming it."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)  # fairseq checkpoints pickle args
+        state = safe_load.load(path, what=f"CHECKPOINT {path}")
+    except safe_load.CheckpointRefused:
+        raise
     except Exception as e:  # noqa: BLE001  (a truncated file, not a torch pickle, ...)
         raise WarmStartError(f"CHECKPOINT {path}: cannot be read as a fairseq checkpoint "
                              f"({type(e).__name__}: {str(e)[:300]})") from None

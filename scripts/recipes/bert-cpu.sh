@@ -43,14 +43,13 @@ done
 PLUGIN=$REPO/fairseq_pe
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PYTHONUNBUFFERED=1
 
-declare -A FLAGS=(
-  [ape-learned]="--pe-absolute learned"
-  [ape-sin]="--pe-absolute sinusoidal"
-  [ape-lsin]="--pe-absolute learnable-sinusoidal"
-  [rpe-learned]="--pe-absolute none --pe-relative learned"
-  [floater]="--pe-absolute floater --pe-all-blocks"
-)
-ORDER="ape-learned ape-sin ape-lsin rpe-learned floater"
+# the systems: the catalogue's group bert-cpu (fairseq_pe/systems.py, `python -m fairseq_pe.systems group bert-cpu`)
+case ${BASH_SOURCE[0]} in */*) CATALOGUE_REPO=${BASH_SOURCE[0]%/*}/../.. ;; *) CATALOGUE_REPO=../.. ;; esac
+catalogue() { PYTHONPATH="$CATALOGUE_REPO${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m fairseq_pe.systems "$@"; }
+declare -A FLAGS=()
+ORDER=""
+CATALOGUE=$(catalogue group bert-cpu) || { echo "bert-cpu.sh: $PYTHON cannot read fairseq_pe/systems.py" >&2; exit 2; }
+while read -r name flags; do FLAGS[$name]=$flags; ORDER="${ORDER:+$ORDER }$name"; done <<< "$CATALOGUE"
 # EXTRA_SYSTEMS: more systems, one per line, "NAME FLAGS..." (e.g. $'ape-sin-1 --pe-absolute sinusoidal
 # --pe-sinusoid-scale 1'); they join the default SYSTEMS
 while read -r name flags; do
@@ -61,9 +60,17 @@ while read -r name flags; do
   ORDER="$ORDER $name"
 done <<< "${EXTRA_SYSTEMS:-}"
 SYSTEMS=${SYSTEMS:-$ORDER}
+# a name of before the catalogue (ape-sin, ape-lsin, ...) is accepted as the catalogue's name of the same flags
+RESOLVED=""
 for s in $SYSTEMS; do
+  if [[ -z ${FLAGS[$s]:-} ]] && c=$(catalogue canonical "$s" 2>/dev/null) && [[ -n ${FLAGS[$c]:-} ]]; then
+    echo "bert-cpu.sh: SYSTEMS: '$s' is called '$c' in fairseq_pe/systems.py; running it as $c" >&2
+    s=$c
+  fi
   [[ -n ${FLAGS[$s]:-} ]] || { echo "bert-cpu.sh: unknown system '$s' in SYSTEMS; choose from: $ORDER" >&2; exit 2; }
+  RESOLVED="${RESOLVED:+$RESOLVED }$s"
 done
+SYSTEMS=$RESOLVED
 
 run() {  # run a command (DRY_RUN=1: print it), its output to a log file
   local log=$1; shift

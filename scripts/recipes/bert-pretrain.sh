@@ -14,8 +14,8 @@
 #   TEXT_BIN: fairseq-pe-prepare-mono output (dict.txt, spm.model, train/valid), e.g. from Wikipedia+BookCorpus.
 #   medium: roberta_pe_medium from scratch (their Fig. 1 runs).  base: continue a pretrained RoBERTa with the
 #     encoding replaced (fairseq-pe-warm-start-roberta; set BASE_CHECKPOINT=model.pt; TEXT_BIN must be binarised
-#     with that checkpoint's dictionary); the floater system keeps the learned table and adds FLOATER's Q/K/V
-#     biases, trains only the dynamics for FLOATER_EPOCHS (default 1) with the body frozen (FLOATER §4.2), then
+#     with that checkpoint's dictionary); FLOATER is then ape-learned+floater-bias: it keeps the learned table and
+#     adds FLOATER's Q/K/V biases, trains only the dynamics for FLOATER_EPOCHS (default 1) with the body frozen (FLOATER §4.2), then
 #     fine-tunes.
 #   The 512 phase restores the 128 phase's checkpoint: tables are built with --max-positions 512 from the start
 #   (BERT's practice; rows 128-511 are trained in the second phase only).
@@ -55,23 +55,27 @@ else
 fi
 update_freq() { echo $(( ($1 + BATCH_PER_GPU * NUM_GPUS - 1) / (BATCH_PER_GPU * NUM_GPUS) )); }
 
-declare -A FLAGS=(
-  [ape-learned]="--pe-absolute learned"
-  [ape-sin]="--pe-absolute sinusoidal"
-  [ape-lsin]="--pe-absolute learnable-sinusoidal"
-  [rpe-learned]="--pe-absolute none --pe-relative learned"
-  [rpe-sin]="--pe-absolute none --pe-relative sinusoidal"
-  [rpe-lsin]="--pe-absolute none --pe-relative learnable-sinusoidal"
-  [ape-learned+rpe-learned]="--pe-absolute learned --pe-relative learned"
-  [ape-lsin+rpe-lsin]="--pe-absolute learnable-sinusoidal --pe-relative learnable-sinusoidal"
-  [floater]="--pe-absolute floater --pe-all-blocks"
-)
-ORDER="ape-learned ape-sin ape-lsin rpe-learned rpe-sin rpe-lsin ape-learned+rpe-learned ape-lsin+rpe-lsin floater"
+# the systems: the catalogue's group bert-pretrain (fairseq_pe/systems.py, `python -m fairseq_pe.systems group bert-pretrain`)
+case ${BASH_SOURCE[0]} in */*) CATALOGUE_REPO=${BASH_SOURCE[0]%/*}/../.. ;; *) CATALOGUE_REPO=../.. ;; esac
+catalogue() { PYTHONPATH="$CATALOGUE_REPO${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m fairseq_pe.systems "$@"; }
+declare -A FLAGS=()
+ORDER=""
+GROUP=bert-pretrain
+[[ $MODE == base ]] && GROUP=bert-pretrain-base  # FLOATER as Q/K/V biases on the pretrained learned table
+CATALOGUE=$(catalogue group $GROUP) || { echo "bert-pretrain.sh: $PYTHON cannot read fairseq_pe/systems.py" >&2; exit 2; }
+while read -r name flags; do FLAGS[$name]=$flags; ORDER="${ORDER:+$ORDER }$name"; done <<< "$CATALOGUE"
 SYSTEMS=${SYSTEMS:-$ORDER}
+# a name of before the catalogue (ape-sin, ape-lsin, ...) is accepted as the catalogue's name of the same flags
+RESOLVED=""
 for s in $SYSTEMS; do
+  if [[ -z ${FLAGS[$s]:-} ]] && c=$(catalogue canonical "$s" 2>/dev/null) && [[ -n ${FLAGS[$c]:-} ]]; then
+    echo "bert-pretrain.sh: SYSTEMS: '$s' is called '$c' in fairseq_pe/systems.py; running it as $c" >&2
+    s=$c
+  fi
   [[ -n ${FLAGS[$s]:-} ]] || { echo "bert-pretrain.sh: unknown system '$s'; choose from: $ORDER" >&2; exit 2; }
+  RESOLVED="${RESOLVED:+$RESOLVED }$s"
 done
-[[ $MODE == base ]] && FLAGS[floater]="--pe-absolute learned --pe-floater-bias"
+SYSTEMS=$RESOLVED
 
 # step MARKER cmd...: run unless MARKER exists (DRY_RUN=1: print).  The fairseq-pe-* tools below get
 # --force: a step runs again only when its marker is missing, and then replaces what an interrupted
@@ -106,7 +110,7 @@ for name in $SYSTEMS; do
     step "$run/warm-start.done" fairseq-pe-warm-start-roberta "${BASE_CHECKPOINT:-model.pt}" "$run/warm-start.pt" \
       --data "$TEXT_BIN" --force "${pe[@]}"
     start=(--restore-file "$run/warm-start.pt" --reset-optimizer --reset-dataloader --reset-meters)
-    if [[ $name == floater ]]; then  # FLOATER §4.2: train the dynamics only, the body frozen
+    if [[ " ${pe[*]} " == *" --pe-floater-bias "* ]]; then  # FLOATER §4.2: train the dynamics only, the body frozen
       step "$run/dynamics.done" "${mlm[@]}" "${start[@]}" --pe-floater-freeze-body --tokens-per-sample 512 \
         --batch-size "$BATCH_PER_GPU" --update-freq "$(update_freq 256)" --max-epoch "$FLOATER_EPOCHS" \
         --warmup-updates 1000 --save-dir "$run/dynamics"

@@ -117,6 +117,23 @@ is_done() { ! dry && [[ -e $1 ]]; }
 mark_done() { dry || { mkdir -p "${1%/*}" && date > "$1"; }; }
 
 # ----------------------------------------------------------------------------------------------
+# the named systems: the catalogue fairseq_pe/systems.py of this checkout, the only list of them
+
+_CATALOGUE_REPO=${BASH_SOURCE[0]%/*}/../..
+catalogue() { PYTHONPATH="$_CATALOGUE_REPO${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m fairseq_pe.systems "$@"; }
+
+# catalogue_group GROUP: FROM_SCRATCH = the group's names, FLAGS[NAME] = their --pe-* flags (declare -A FLAGS first)
+catalogue_group() {
+    local out name flags
+    out=$(catalogue group "$1") || die "fairseq_pe/systems.py has no group $1 (or $PYTHON cannot import it)"
+    FROM_SCRATCH=()
+    while read -r name flags; do
+        FROM_SCRATCH+=("$name")
+        FLAGS[$name]=$flags
+    done <<< "$out"
+}
+
+# ----------------------------------------------------------------------------------------------
 # environment
 
 # PLUGIN (fairseq_pe's directory) and FAIRSEQ_PKG (fairseq's), found with one python call that

@@ -70,15 +70,8 @@ RUN_DIR=$OUT_ROOT/wmt14-$PAIR/$SIZE
 prepare_wmt14 "$PAIR"
 DATA=$WMT_DIR/data-bin
 
-declare -A FLAGS=(
-    [ape-sinusoidal]="--pe-absolute sinusoidal"
-    [ape-sinusoidal-all]="--pe-absolute sinusoidal --pe-all-blocks"
-    [ape-learned]="--pe-absolute learned"
-    [ape-learned-all]="--pe-absolute learned --pe-all-blocks"
-    [floater-input]="--pe-absolute floater"
-    [floater]="--pe-absolute floater --pe-all-blocks"
-)
-FROM_SCRATCH=(ape-sinusoidal ape-sinusoidal-all ape-learned ape-learned-all floater-input floater)
+declare -A FLAGS=()
+catalogue_group floater-table2  # FROM_SCRATCH and FLAGS from fairseq_pe/systems.py
 
 # the warm start needs the sinusoidal model
 if selected floater-ws || selected ape-sinusoidal-cont; then
@@ -100,14 +93,14 @@ col=0
 [[ $PAIR == en-fr ]] && col=$((col + 1))
 paper=("28.6 41.6 29.2 42.7" "28.2 40.6 28.4 42.0" "26.9 40.9 28.3 42.0"
        "28.3 41.1 29.1 42.4" "27.9 40.4 28.4 41.8" "27.8 40.9 28.5 42.4")
-labels=("all blocks: FLOATER" "all blocks: sinusoidal" "all blocks: fixed-length embedding"
-        "input only: FLOATER" "input only: sinusoidal" "input only: fixed-length embedding")
-ours=("floater-ws (warm start), floater (scratch)" ape-sinusoidal-all ape-learned-all
-      floater-input ape-sinusoidal ape-learned)
+# each row of the paper's table: its label | the system(s) here
+rows=("all blocks: FLOATER|floater-ws (warm start), floater (scratch)" "all blocks: sinusoidal|ape-sinusoidal-all"
+      "all blocks: fixed-length embedding|ape-learned-all" "input only: FLOATER|floater-input"
+      "input only: sinusoidal|ape-sinusoidal" "input only: fixed-length embedding|ape-learned")
 report="# FLOATER Table 2, Transformer-$SIZE $PAIR: the paper's BLEU <-> the system(s) here"
 for i in "${!paper[@]}"; do
     read -r -a v <<< "${paper[$i]}"
-    report+=$'\n'"$(printf '#   %-36s %5s  <->  %s' "${labels[$i]}" "${v[$col]}" "${ours[$i]}")"
+    report+=$'\n'"$(printf '#   %-36s %5s  <->  %s' "${rows[$i]%%|*}" "${v[$col]}" "${rows[$i]#*|}")"
 done
 report+=$'\n'"# control for the warm start (same extra updates, no FLOATER): ape-sinusoidal-cont"
 report+=$'\n'"# results: $RESULTS.txt ('all' column; tokenised compound-split BLEU is the paper-comparable one), $RESULTS.png"

@@ -59,23 +59,8 @@ RUN_DIR=$OUT_ROOT/s2l-en-de/base
 prepare_s2l
 DATA=$S2L_DIR/data-bin
 
-FROM_SCRATCH=(none ape-learned ape-sinusoidal ape-learnable-sin rpe-learned rpe-sinusoidal rpe-learnable-sin
-    ape+rpe-learnable-sin rope alibi t5 floater floater-bias)
-declare -A FLAGS=(
-    [none]="--pe-absolute none"
-    [ape-learned]="--pe-absolute learned"
-    [ape-sinusoidal]="--pe-absolute sinusoidal"
-    [ape-learnable-sin]="--pe-absolute learnable-sinusoidal"
-    [rpe-learned]="--pe-absolute none --pe-relative learned"
-    [rpe-sinusoidal]="--pe-absolute none --pe-relative sinusoidal"
-    [rpe-learnable-sin]="--pe-absolute none --pe-relative learnable-sinusoidal"
-    [ape+rpe-learnable-sin]="--pe-absolute learnable-sinusoidal --pe-relative learnable-sinusoidal"
-    [rope]="--pe-absolute none --pe-relative rope"
-    [alibi]="--pe-absolute none --pe-relative alibi"
-    [t5]="--pe-absolute none --pe-relative t5"
-    [floater]="--pe-absolute floater --pe-all-blocks"
-    [floater-bias]="--pe-absolute sinusoidal --pe-floater-bias"
-)
+declare -A FLAGS=()
+catalogue_group s2l-all-encodings  # FROM_SCRATCH and FLAGS from fairseq_pe/systems.py
 NEED_SIN=0
 if selected floater-ws || selected ape-sinusoidal-cont; then NEED_SIN=1; fi
 

@@ -30,7 +30,8 @@ export CORPUS_DIRS=${CORPUS_DIRS:-"$DATA/multi30k $DATA/tatoeba"}
 export UNIT=${UNIT:-subword} THRESHOLD=${THRESHOLD:-20} BINS=${BINS:-20,25,30,40+} SPM_VOCAB=${SPM_VOCAB:-6000}
 export MAX_UPDATE=${MAX_UPDATE:-1200} MAX_TOKENS=${MAX_TOKENS:-2048} LR=${LR:-0.005} WARMUP=${WARMUP:-200}
 export SEEDS=${SEEDS:-"1 2 3"}
-export SYSTEMS=${SYSTEMS:-"none ape-learned ape-sinusoidal ape-learnable-sin rpe-learned rpe-sinusoidal rpe-learnable-sin rope alibi t5 floater floater-bias floater-warm kerple-log kerple-power sandwich fire xpos ape-sinusoidal-random rope-random"}
+# the catalogue's group s2l-cpu-captions (fairseq_pe/systems.py): the quickstart's and the extrapolation encodings
+export SYSTEMS=${SYSTEMS:-$(PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python}" -m fairseq_pe.systems names s2l-cpu-captions)}
 WORK=${1:-s2l-cpu-captions-work}
 [ $# -gt 0 ] && shift
 FACTOR=${ROPE_SCALING_FACTOR:-4}

@@ -18,8 +18,9 @@
 # UNIT (subword), THRESHOLD (80), BINS (80,100,120,140+), SEEDS (space-separated, default 1),
 # MAX_UPDATE (700), MAX_TOKENS (4096), LR (0.004), WARMUP (200), SPM_VOCAB (8000), VALID_SIZE (1000),
 # SHORT_TEST_SIZE (1000), JOBS (2 systems at a time), THREADS (1 torch thread each),
-# ARCH (transformer_pe_tiny), SYSTEMS (space-separated names of fairseq-pe-quickstart systems; default:
-# the 11 below; any NAME=FLAGS system can be given as a --systems argument instead).
+# ARCH (transformer_pe_tiny), SYSTEMS (space-separated names of fairseq-pe-quickstart systems; default: the 11
+# of the catalogue's group s2l-cpu-en-de, `python -m fairseq_pe.systems group s2l-cpu-en-de`; any NAME=FLAGS
+# system can be given as a --systems argument instead), PYTHON (python: reads the catalogue).
 # Time on 2 CPU cores with the defaults: about 1.5-2 h per seed (see docs/results.md).
 # scripts/recipes/s2l-cpu-captions.sh runs it on the caption and Tatoeba pairs, where the models translate.
 # A re-run reuses the split and every finished run (delete WORKDIR/runs/systems/NAME/seed-S to redo one).
@@ -37,14 +38,10 @@ for dir in "${CORPORA[@]}"; do
 done
 UNIT=${UNIT:-subword}
 read -r -a SEED_LIST <<< "${SEEDS:-1}"
-DEFAULT_SYSTEMS=(
-    "floater"                      # FLOATER at every block (--pe-absolute floater --pe-all-blocks)
-    "rpe-learned" "rpe-sinusoidal" "rpe-learnable-sin"
-    "ape-sin+rpe-learned"          # --pe-absolute sinusoidal --pe-relative learned: Shaw et al. 2018's pairing
-    "rope" "alibi"
-    "none" "ape-learned" "ape-sinusoidal" "ape-learnable-sin"
-)
-if [ -n "${SYSTEMS:-}" ]; then read -r -a SYS <<< "$SYSTEMS"; else SYS=("${DEFAULT_SYSTEMS[@]}"); fi
+if [ -z "${SYSTEMS:-}" ]; then  # the catalogue's group s2l-cpu-en-de (fairseq_pe/systems.py)
+    SYSTEMS=$(PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python}" -m fairseq_pe.systems names s2l-cpu-en-de)
+fi
+read -r -a SYS <<< "$SYSTEMS"
 
 # the split measures subword lengths with a joint sentencepiece model it trains; word lengths need none,
 # and the quickstart then trains its joint model on the training split

@@ -1,0 +1,117 @@
+"""Fix 1: fairseq's checkpoints load on torch >= 2.6 without running code, and a missing or unreadable one is a
+one-line user error.
+
+torch >= 2.6 loads with ``weights_only=True`` by default; fairseq 0.12's checkpoints hold an ``argparse.Namespace``
+(and, in the copy a resumed distributed training broadcasts, omegaconf's configuration), so ``fairseq-generate`` and
+``--restore-file`` failed with ``Unsupported global: argparse.Namespace``.  fairseq's checkpoint loader (and
+``--ema-seed-model``'s, and the broadcast by which the other ranks of a resumed distributed training receive rank 0's
+checkpoint) loads them with ``weights_only=True`` and the allowlist of :mod:`fairseq_pe.safe_load`: a file that needs
+more is refused naming what it needs, unless ``FAIRSEQ_PE_TRUST_CHECKPOINTS=1`` trusts it; a missing or corrupt
+file is a :class:`~fairseq_pe.errors.UserError` naming it.  Checkpoints written by fairseq-pe 0.1 get their options
+upgraded (:func:`fairseq_pe.models.options.upgrade_checkpoint_options`).
+
+Extension point: none; fairseq 0.12 has no hook around ``torch.load`` in ``checkpoint_utils`` (a wrapper, once).
+"""
+
+import functools
+import os
+import pickle
+import zipfile
+
+from fairseq_pe.compat.patching import fairseq_matches, patch
+from fairseq_pe.errors import UserError
+from fairseq_pe.safe_load import checkpoint_loading
+
+#: the fairseq releases this fix is written for
+FIXES_FAIRSEQ = ("0.12.",)
+#: it changes stock fairseq's behaviour for every task of the process (docs/install.md lists it)
+CHANGES_STOCK = True
+SUMMARY = ("checkpoints of fairseq 0.12 load on torch >= 2.6 with weights_only=True and an allowlist (fairseq's "
+           "loader, --ema-seed-model, the resume broadcast)")
+
+#: what torch.load raises for a file that is not a (complete) torch checkpoint (OSError: a truncated zip)
+_UNREADABLE = (pickle.UnpicklingError, EOFError, zipfile.BadZipFile, UnicodeDecodeError, OSError)
+_UNREADABLE_RUNTIME = ("PytorchStreamReader", "zip archive", "Invalid magic number", "invalid load key")
+
+
+def _is_local(path) -> bool:
+    return isinstance(path, (str, os.PathLike)) and "://" not in str(path)
+
+
+def _load_checkpoint_safely(load_checkpoint_to_cpu):
+    @functools.wraps(load_checkpoint_to_cpu)
+    def wrapper(path, *args, **kwargs):
+        if _is_local(path) and not os.path.exists(path):
+            raise UserError(f"checkpoint {path}: no such file (check --path / --restore-file)")
+        try:
+            with checkpoint_loading(f"checkpoint {path}"):
+                state = load_checkpoint_to_cpu(path, *args, **kwargs)
+        except _UNREADABLE as e:
+            raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e}): it is not a complete "
+                            "fairseq checkpoint (truncated or another kind of file?)") from e
+        except RuntimeError as e:
+            if not any(marker in str(e) for marker in _UNREADABLE_RUNTIME):
+                raise
+            raise UserError(f"checkpoint {path} cannot be read ({e}): it is not a complete fairseq checkpoint "
+                            "(truncated or another kind of file?)") from e
+        from fairseq_pe.models.options import upgrade_checkpoint_options
+
+        return upgrade_checkpoint_options(state)  # options that fairseq-pe 0.1 saved mean what they meant then
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
+def _ema_seed_safely(load_ema_from_checkpoint):
+    """``--ema-seed-model``: fairseq's EMA loads the seed checkpoint with a plain ``torch.load``: safely (fix 1)."""
+    @functools.wraps(load_ema_from_checkpoint)
+    def wrapper(path, *args, **kwargs):
+        if _is_local(path) and not os.path.exists(path):
+            raise UserError(f"--ema-seed-model {path}: no such checkpoint file")
+        with checkpoint_loading(f"--ema-seed-model {path}"):
+            return load_ema_from_checkpoint(path, *args, **kwargs)
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
+def _broadcast_safely(broadcast_object):
+    """A resumed distributed training: rank 0 loads the checkpoint (fix 1) and fairseq broadcasts it to the other
+    ranks as a ``torch.save`` of it, which they read back with a plain ``torch.load``: torch >= 2.6 refused its
+    configuration (omegaconf's ``DictConfig``), so every multi-process resume failed on rank 1.  They read it with
+    the same allowlist (which has omegaconf's classes and the broadcast's tensor placeholders), or trust it where
+    ``FAIRSEQ_PE_TRUST_CHECKPOINTS=1`` trusted the file on rank 0."""
+    @functools.wraps(broadcast_object)
+    def wrapper(*args, **kwargs):
+        with checkpoint_loading("the checkpoint that rank 0 broadcast"):
+            return broadcast_object(*args, **kwargs)
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
+def _model_files_checked(load_model_ensemble_and_task):
+    @functools.wraps(load_model_ensemble_and_task)
+    def wrapper(filenames, *args, **kwargs):
+        if kwargs.get("num_shards", 1) == 1 and not kwargs.get("suffix"):
+            for name in filenames:
+                if _is_local(name) and not os.path.exists(name):
+                    raise UserError(f"--path {name}: no such checkpoint file")
+        return load_model_ensemble_and_task(filenames, *args, **kwargs)
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
+def apply() -> bool:
+    if not fairseq_matches(FIXES_FAIRSEQ, "checkpoint_loading",
+                           "fairseq's checkpoints may not load on this torch (weights_only)"):
+        return False
+    from fairseq import checkpoint_utils
+    from fairseq.distributed import utils as distributed_utils
+
+    patch(distributed_utils, "broadcast_object", _broadcast_safely)
+    patch(checkpoint_utils, "load_model_ensemble_and_task", _model_files_checked)
+    patch(checkpoint_utils, "load_checkpoint_to_cpu", _load_checkpoint_safely)
+    patch(checkpoint_utils, "load_ema_from_checkpoint", _ema_seed_safely)
+    return True

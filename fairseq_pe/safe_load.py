@@ -1,0 +1,179 @@
+"""Checkpoints load without running code: ``torch.load(weights_only=True)`` and an allowlist (issue 40, 4).
+
+A fairseq checkpoint is a pickle, and a pickle can name any function of any module to call while it loads
+(``os.system`` with a command, say).  torch's ``weights_only`` unpickler calls nothing but what an allowlist names.
+Every checkpoint the plugin loads goes through :func:`checkpoint_loading` (fairseq's loader of ``--path``,
+``--restore-file``, ``--finetune-from-model``, the hub's ``from_pretrained``, averaging and analysis; the seed of
+``--ema-seed-model``; the copy a resumed distributed training broadcasts from rank 0 to the other ranks) or
+:func:`load` (the warm starts): ``weights_only=True`` with :func:`checkpoint_globals` allowed, and nothing else.
+
+The allowlist is what checkpoints of fairseq 0.12 and of this plugin hold, found by loading real ones
+(``torch.serialization.get_unsafe_globals_in_checkpoint``; tests/test_safe_load.py loads each kind):
+
+* ``argparse.Namespace``: the model's options (``cfg.model``, ``args``) of every fairseq 0.12 checkpoint, stock
+  ``transformer`` and the plugin's models, fairseq-pe 0.1's (tests/fixtures) included;
+* omegaconf's ``DictConfig``, ``ListConfig``, ``AnyNode``, ``ContainerMetadata``, ``Metadata``, and what their
+  metadata names (``typing.Any``, ``dict``, ``list``, ``int``, ``collections.defaultdict``): the configuration
+  that fairseq's loader turns into a ``DictConfig`` before a resumed distributed training broadcasts it;
+* fairseq's ``distributed.utils._TensorPlaceholder``: the broadcast's stand-in for each tensor, sent apart.
+
+A file that needs anything else is refused (:class:`CheckpointRefused`, one line, exit status 2) naming what it
+needs, before any of it runs.  ``FAIRSEQ_PE_TRUST_CHECKPOINTS=1`` (read at each load) trusts every checkpoint of the
+process: it loads with ``weights_only=False``, as fairseq-pe < 0.3 loaded every one.  torch's own
+``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` does not turn the check off here (it is set process-wide to run stock fairseq
+on torch >= 2.6): only the plugin's own variable does.
+
+The allowlist is scoped: it is added for the duration of each load (``torch.serialization.safe_globals``, only the
+entries not already allowed, so a caller's own ``add_safe_globals`` stays) and ``weights_only=True`` is forced only
+there (``TORCH_FORCE_WEIGHTS_ONLY_LOAD``, since fairseq calls ``torch.load`` without ``weights_only``).  Any other
+``torch.load`` of the process keeps torch's default and the caller's allowlist untouched.
+"""
+
+import collections
+import contextlib
+import os
+import pickle
+import re
+import typing
+import warnings
+
+from fairseq_pe.errors import UserError
+
+#: set to 1 (or yes/true) to trust every checkpoint of the process: it loads with ``weights_only=False``
+TRUST_ENV = "FAIRSEQ_PE_TRUST_CHECKPOINTS"
+_TRUE = ("1", "y", "yes", "true")
+_FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+_FORCE_NO_WEIGHTS_ONLY = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+
+
+class CheckpointRefused(UserError):
+    """A checkpoint whose pickle needs more than :func:`checkpoint_globals` (it could run code as it loads)."""
+
+
+def trusted() -> bool:
+    """Whether ``FAIRSEQ_PE_TRUST_CHECKPOINTS`` trusts every checkpoint (read now, not at import)."""
+    return os.environ.get(TRUST_ENV, "").strip().lower() in _TRUE
+
+
+def checkpoint_globals() -> list:
+    """What the pickles of fairseq 0.12's and the plugin's checkpoints name, beside torch's own allowlist
+    (tensors, storages, ``OrderedDict``): the module docstring says where each is found."""
+    import argparse
+
+    from fairseq.distributed.utils import _TensorPlaceholder
+    from omegaconf import DictConfig, ListConfig
+    from omegaconf.base import ContainerMetadata, Metadata
+    from omegaconf.nodes import AnyNode
+
+    return [argparse.Namespace,
+            DictConfig, ListConfig, AnyNode, ContainerMetadata, Metadata, typing.Any, dict, list, int,
+            collections.defaultdict,
+            _TensorPlaceholder]
+
+
+@contextlib.contextmanager
+def _environ(set_: dict, unset: tuple):
+    previous = {name: os.environ.get(name) for name in (*set_, *unset)}
+    os.environ.update(set_)
+    for name in unset:
+        os.environ.pop(name, None)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
+def trusted_torch_load():
+    """Within the block, ``torch.load`` calls that do not pass ``weights_only`` use ``False`` (a trusted file)."""
+    with _environ({_FORCE_NO_WEIGHTS_ONLY: "1"}, (_FORCE_WEIGHTS_ONLY,)), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=f".*{_FORCE_NO_WEIGHTS_ONLY}.*")
+        yield
+
+
+@contextlib.contextmanager
+def weights_only_torch_load():
+    """Within the block, ``torch.load`` calls load with ``weights_only=True`` and :func:`checkpoint_globals` allowed
+    (those not allowed already: leaving the block removes only these)."""
+    import torch
+
+    allowed = set(torch.serialization.get_safe_globals())
+    added = [g for g in checkpoint_globals() if g not in allowed]
+    with _environ({_FORCE_WEIGHTS_ONLY: "1"}, (_FORCE_NO_WEIGHTS_ONLY,)), torch.serialization.safe_globals(added):
+        yield
+
+
+#: torch's weights-only refusals of a pickle's content (not of a damaged file: "Unsupported operand", EOF ...)
+_REFUSALS = ("Unsupported global", "unsupported GLOBAL", "Trying to call reduce", "Can only build",
+             "Can only create new object")
+
+
+def refused_global(error: BaseException):
+    """What a weights-only ``torch.load`` refused (``posix.system``, or torch's words), or None when ``error`` is
+    not such a refusal."""
+    if not isinstance(error, pickle.UnpicklingError):
+        return None
+    message = str(error)
+    if not any(refusal in message for refusal in _REFUSALS):
+        return None
+    found = re.search(r"GLOBAL ([\w.]+)", message)
+    if found:
+        return found.group(1)
+    found = re.search(r"WeightsUnpickler error: ([^\n]*)", message)
+    return f"what torch's weights-only unpickler refuses ({found.group(1).strip() if found else 'see torch.load'})"
+
+
+def unpickling_failure(error: BaseException):
+    """One line saying why torch's weights-only unpickler stopped on a damaged or foreign file (torch's message is
+    several lines; garbage can also raise a ``KeyError`` inside the unpickler), or None when ``error`` did not come
+    from it."""
+    if isinstance(error, pickle.UnpicklingError) and "Weights only load failed" in str(error):
+        lines = [line.strip() for line in str(error).split("WeightsUnpickler error:")[-1].splitlines()]
+        lines = [line for line in lines if line and not line.startswith("Check the documentation")]
+        return lines[0] if lines else "Weights only load failed"
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith("_weights_only_unpickler.py"):
+            return f"{type(error).__name__}: {error}"
+        tb = tb.tb_next
+    return None
+
+
+def refusal_message(what: str, needs: str) -> str:
+    return (f"{what}: refused: its pickle needs {needs}, which no fairseq or fairseq-pe checkpoint holds, and "
+            f"loading it could run code; if you trust this file, load it with {TRUST_ENV}=1")
+
+
+@contextlib.contextmanager
+def checkpoint_loading(what: str):
+    """``torch.load`` inside the block loads a checkpoint safely (``weights_only=True`` with the allowlist), or as a
+    trusted file with ``FAIRSEQ_PE_TRUST_CHECKPOINTS=1``; a refusal is a :class:`CheckpointRefused` that names
+    ``what`` (``checkpoint PATH``, ``--ema-seed-model PATH``), what the file needs, and the variable."""
+    if trusted():
+        with trusted_torch_load():
+            yield
+        return
+    try:
+        with weights_only_torch_load():
+            yield
+    except Exception as e:  # noqa: BLE001  (re-raised unless it is the unpickler's)
+        needs = refused_global(e)
+        if needs is not None:
+            raise CheckpointRefused(refusal_message(what, needs)) from None
+        failure = unpickling_failure(e)
+        if failure is None:
+            raise
+        # a damaged or foreign file: the caller reports an UnpicklingError as a file that cannot be read
+        raise pickle.UnpicklingError(f"the weights-only unpickler stopped: {failure}") from e
+
+
+def load(path, what: str = None, map_location="cpu"):
+    """``torch.load(path)`` of a checkpoint through :func:`checkpoint_loading`."""
+    import torch
+
+    with checkpoint_loading(what or f"checkpoint {path}"):
+        return torch.load(path, map_location=map_location)
