@@ -16,6 +16,8 @@ The allowlist is what checkpoints of fairseq 0.12 and of this plugin hold, found
   metadata names (``typing.Any``, ``dict``, ``list``, ``int``, ``collections.defaultdict``): the configuration
   that fairseq's loader turns into a ``DictConfig`` before a resumed distributed training broadcasts it;
 * fairseq's ``distributed.utils._TensorPlaceholder``: the broadcast's stand-in for each tensor, sent apart.
+* numpy's scalar and its dtype (:func:`numpy_scalar_globals`): a fine-tuned ``sentence_prediction`` checkpoint's best
+  metric (tests/test_glue.py loads one through ``fairseq-pe-glue-eval``).
 
 A file that needs anything else is refused (:class:`CheckpointRefused`, one line, exit status 2) naming what it
 needs, before any of it runs.  ``FAIRSEQ_PE_TRUST_CHECKPOINTS=1`` (read at each load) trusts every checkpoint of the
@@ -68,7 +70,16 @@ def checkpoint_globals() -> list:
     return [argparse.Namespace,
             DictConfig, ListConfig, AnyNode, ContainerMetadata, Metadata, typing.Any, dict, list, int,
             collections.defaultdict,
-            _TensorPlaceholder]
+            _TensorPlaceholder, *numpy_scalar_globals()]
+
+
+def numpy_scalar_globals() -> list:
+    """A numpy scalar as pickled (its dtype and bytes): a fine-tuned ``sentence_prediction`` checkpoint keeps its
+    best validation metric as one (``extra_state``'s best, e.g. STS-B's correlation from scipy)."""
+    import numpy as np
+
+    return [np._core.multiarray.scalar, np.dtype, type(np.dtype(np.float64)), type(np.dtype(np.float32)),
+            type(np.dtype(np.int64))]
 
 
 @contextlib.contextmanager

@@ -157,13 +157,16 @@ class _CliServer:
         self._lock = threading.Lock()
 
     def run(self, script, cmd, env, cwd):
-        started = self.env or env
+        started = self.env or _BASE_ENV
         if any(env.get(k) != started.get(k) for k in {*env, *started} if k.startswith(READ_AT_START)):
             # read at an interpreter's start or by torch's import, which the server's would not do for this run
-            return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+            argv = cmd if script[1] is not None else [sys.executable, *cmd]  # a Python file runs with this Python
+            return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
         with self._lock:
             if self.proc is None or self.proc.poll() is not None:
-                self.env = dict(env)
+                # the session's environment, not the first run's (a test's variable would send every later run to
+                # a new interpreter); each run's own environment is set in its child
+                self.env = dict(_BASE_ENV)
                 self.proc = subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "cli_server.py")],
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                              env=self.env, text=True, cwd=REPO)
@@ -185,6 +188,9 @@ class _CliServer:
                 return subprocess.CompletedProcess(cmd, code, read(out), read(err))
 
 
+#: the environment the fork server starts with: this session's, as ``cli`` completes it
+_BASE_ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+                 PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
 _CLI_SERVER = _CliServer()
 
 
