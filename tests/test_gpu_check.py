@@ -85,10 +85,13 @@ def test_the_cpu_rehearsal_of_the_one_command(tmp_path, monkeypatch):
     for backend in ("c10d", "legacy_ddp"):
         assert ddp[backend]["ranks_started"] == 2 and len(ddp[backend]["losses"]) == 4
     assert ddp["max_relative_deviation"] <= gpu_check.DDP_TOLERANCE["float32"]
+    # flex: FlexAttention's eager forward (the bias as a score_mod, a block mask) equals the dense SDPA path
+    flex = checks["flex"]["alibi"]["details"]
+    assert list(checks["flex"]) == ["alibi"] and flex["output_error"] <= flex["tolerance"]["output"]
     table = (out / "gpu_check.md").read_text()
-    assert "| system | kernels | masked-rows | forward | incremental | positions | ddp | training |" in table
-    assert "| alibi | ok | ok | ok | ok | ok | – | – |" in table
-    assert "0 failed, 0 not run (budget), 18 passed" in table
+    assert "| system | kernels | masked-rows | forward | incremental | positions | ddp | training | flex |" in table
+    assert "| alibi | ok | ok | ok | ok | ok | – | – | ok |" in table
+    assert "0 failed, 0 not run (budget), 19 passed" in table
     assert table in proc.stdout  # the summary printed at the end
     session = (out / "session.txt").read_text()
     assert "install: not needed" in session and "benchmark: CUDA only" in session

@@ -26,6 +26,15 @@ along three paths, whose results agree to float rounding:
   Σ_j A_ij a^V_{j−i} needs A itself.  The attention is computed explicitly over blocks of query
   rows (about ``BLOCK_ELEMENTS`` logits each), each block under ``torch.utils.checkpoint``: the
   forward pass keeps only Q, K, V; backward recomputes one block at a time.
+* **blocks** (evaluation, no autograd: ``fairseq-generate``'s encoder, validation, ``fairseq-eval-lm``, when the
+  whole mask would be large, or ``--pe-attention-kernel blockwise``): SDPA over blocks of query rows, each with its
+  own mask (its rows of the bias, causal and padding masks), so memory stays linear in the length.  A Toeplitz bias
+  (ALiBi, T5, KERPLE, Sandwich) is a window of one (H, T + S − 1) vector computed once per pass
+  (:meth:`~fairseq_pe.positional.base.RelativePositionEncoding.distance_bias`); a causal block reads only the keys
+  up to its last row.  The Shaw family computes its blocks explicitly, as the blockwise path.
+* **flex** (``--pe-attention-kernel flex``, and ``auto`` for a bias that learns on CUDA when its mask would be
+  large): torch's FlexAttention with the encoding's ``score_mod`` computed inside the kernel and causality and
+  padding as a block mask (:mod:`fairseq_pe.models.flex`); no (B, H, T, S) tensor in forward or backward.
 * **explicit** (step-by-step decoding, ``need_weights``, ``need_head_weights``, ``before_softmax``,
   ``--print-alignment``, the analysis): fairseq's own Python implementation when there is no
   relative encoding (the path stock fairseq takes there too), else the same computation as the
@@ -33,6 +42,7 @@ along three paths, whose results agree to float rounding:
 """
 
 import contextlib
+import logging
 from typing import Callable, Dict, Optional
 
 import torch
@@ -43,10 +53,43 @@ from torch.utils.checkpoint import checkpoint
 from fairseq import utils
 from fairseq.modules import MultiheadAttention
 
+from fairseq_pe.models import flex
 from fairseq_pe.positional.pass_state import BlockMaskKey, MaskKey, current_pass
+
+logger = logging.getLogger(__name__)
 
 #: logits per block of the blockwise path (B·H·rows·S): 4M floats, 16 MiB in float32
 BLOCK_ELEMENTS = 1 << 22
+
+#: ``--pe-attention-kernel`` choices (:meth:`PositionAttention.path_of`)
+KERNELS = ("auto", "sdpa", "blockwise", "flex")
+
+#: mask elements per block of the blocks path (B·H·rows·S): 1M, 4 MiB in float32; the masks of a block and their
+#: temporaries stay a small part of one layer's activations at long lengths (a (T, E) float32 tensor is 32 MiB at
+#: T = 16,384, E = 512)
+EVAL_BLOCK_ELEMENTS = 1 << 20
+#: query rows per block where the mask is a view of one vector (a Toeplitz bias without padding): nothing of the mask
+#: per block, a copy of the block's reversed queries and outputs
+EVAL_VIEW_BLOCK_ROWS = 1024
+#: at least this many query rows per block (fewer calls of SDPA, whose CPU kernel works in tiles of query rows)
+EVAL_BLOCK_MIN_ROWS = 16
+#: ``auto`` in evaluation: a whole-call mask (B·H·T·S) larger than this (16M elements, 64 MiB in float32) is built
+#: per block of query rows instead
+AUTO_BLOCKS_ELEMENTS = 1 << 24
+#: ``auto`` in training on CUDA: a bias that learns goes to FlexAttention when its (B, H, T, S) mask would hold more
+#: than this (the mask, its gradient and the merged copy SDPA keeps for backward: about 3 × 2 bytes each in fp16)
+AUTO_FLEX_ELEMENTS = 1 << 26
+
+#: the kernel choices already logged (one line per kind of choice and process)
+_logged_choices = set()
+
+
+def log_choice_once(requested: str, chosen: str, why: str):
+    """Log ``--pe-attention-kernel``'s choice once per kind of choice (requested, chosen, why)."""
+    key = (requested, chosen, why)
+    if key not in _logged_choices:
+        _logged_choices.add(key)
+        logger.info(f"--pe-attention-kernel {requested}: {chosen} ({why})")
 
 #: within :func:`observing`, called as ``observer(attention, path, **details)`` by every call of a
 #: :class:`PositionAttention`, with the path it takes ("fused", "blockwise", "explicit", or "fairseq": fairseq's own
@@ -186,6 +229,8 @@ class PositionAttention(MultiheadAttention):
         self.block = 1
         #: decoder self-attention: the ``attn_mask`` fairseq hands it in a full pass is its future mask
         self.future_masked = False
+        #: ``--pe-attention-kernel``: which path a call takes where several compute it (:meth:`path_of`)
+        self.kernel = "auto"
 
     @classmethod
     def adopt(cls, attention: MultiheadAttention) -> "PositionAttention":
@@ -253,7 +298,10 @@ class PositionAttention(MultiheadAttention):
         v = split_heads(self.v_proj(source if self.self_attention else value))
         position_pass = self.relative_of_pass()
         if position_pass is None:  # cross-attention, or self-attention without a relative encoding
-            return self._fused(q, k, v, 0, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim), None
+            path = self.path_of(q, None, False, bsz, tgt_len, k.size(2),
+                                masked=self.whole_mask(attn_mask, key_padding_mask, tgt_len, k.size(2)))
+            run = {"blocks": self._blocks, "flex": self._flex}.get(path, self._fused)
+            return run(q, k, v, 0, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim), None
 
         relative = position_pass.relative
         # what the encoding reads of the pass: the rows' own positions where the keys are padded (a padding mask is
@@ -265,7 +313,10 @@ class PositionAttention(MultiheadAttention):
             if "prev_key" in saved:
                 query_offset = saved["prev_key"].size(2)
         bias_gradient = torch.is_grad_enabled() and relative.bias_requires_grad
-        fused = not explicit and not relative.query_terms and (not bias_gradient or mask_gradient_fused(q.device))
+        path = "explicit" if explicit else self.path_of(
+            q, relative, bias_gradient, bsz, tgt_len, tgt_len,
+            masked=self.whole_mask(attn_mask, key_padding_mask, tgt_len, tgt_len))
+        fused = path in ("fused", "flex") or (path == "blocks" and not relative.query_terms)
         # SDPA scales the logits itself; the other paths take the queries scaled (with RoPE's rotation: no product)
         q, k = relative.rotate(q, k, query_offset, self.block, 1.0 if fused else self.scaling, rows=rows)
         if incremental_state is not None:
@@ -286,12 +337,14 @@ class PositionAttention(MultiheadAttention):
         if float32:
             v = v.to(q.dtype)
         if fused:
-            return self._fused(q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim,
-                               value_dtype, float32, relative, rows), None
+            run = {"fused": self._fused, "blocks": self._blocks, "flex": self._flex}[path]
+            return run(q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim, value_dtype,
+                       float32, relative, rows), None
 
         src_len = k.size(2)
         if observer is not None:
-            observer(self, "explicit" if explicit else "blockwise")
+            observer(self, path)
+        rows_out = None
         with autocast_off(q.device, float32):
             if explicit:
                 out, probs, logits = self._explicit(relative, rows, q, k, v, attn_mask, key_padding_mask, query_offset,
@@ -299,9 +352,14 @@ class PositionAttention(MultiheadAttention):
                 if before_softmax:
                     return logits.view(bsz * heads, tgt_len, src_len), v.reshape(bsz * heads, src_len, head_dim)
             else:
-                per_block = max(1, BLOCK_ELEMENTS // max(1, bsz * heads * src_len))
                 record = torch.is_grad_enabled()
+                elements = EVAL_BLOCK_ELEMENTS if path == "blocks" else BLOCK_ELEMENTS
+                per_block = max(1, elements // max(1, bsz * heads * src_len))
+                if not record and path == "blocks":  # evaluation in linear memory: nothing kept per block
+                    rows = rows._replace(memo=None)
                 blocks = []
+                # evaluation: each block written into the output projection's layout (no list, no concatenation)
+                rows_out = None if record else q.new_empty(tgt_len, bsz, heads, head_dim)
                 for start in range(0, tgt_len, per_block):
                     end = min(tgt_len, start + per_block)
                     args = (relative, rows, q[:, :, start:end], k, v, attn_mask, key_padding_mask, query_offset, start,
@@ -309,16 +367,71 @@ class PositionAttention(MultiheadAttention):
                     if record:
                         blocks.append(checkpoint(self._block, *args, use_reentrant=False))
                     else:
-                        blocks.append(self._block(*args))
-                out = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)
+                        rows_out[start:end] = self._block(*args).permute(2, 0, 1, 3)
+                out = rows_out if not record else blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)
                 probs = None
-        out = self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim).to(value_dtype))
+        if rows_out is not None:  # (T, B, H, d) already
+            out = out.view(tgt_len, bsz, embed_dim)
+        else:
+            out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
+        out = self.out_proj(out.to(value_dtype))
         weights = None
         if need_weights or need_head_weights:
             weights = probs.transpose(1, 0)  # (H, B, T, S), as fairseq returns them
             if not need_head_weights:
                 weights = weights.mean(dim=0)
         return out, weights
+
+    def dropout_p(self) -> float:
+        """The attention dropout of this call (fairseq's: in training, or in evaluation with retained dropout)."""
+        dropout = self.dropout_module
+        return dropout.p if (self.training or dropout.apply_during_inference) else 0.0
+
+    def project_heads(self, out: Tensor, out_dtype=None) -> Tensor:
+        """The output projection of the heads' outputs (B, H, T, d): (T, B, E), in ``out_dtype`` where given."""
+        bsz, heads, tgt_len, head_dim = out.shape
+        out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, heads * head_dim)
+        return self.out_proj(out if out_dtype is None else out.to(out_dtype))
+
+    def whole_mask(self, attn_mask, key_padding_mask, tgt_len: int, src_len: int) -> bool:
+        """Whether the fused path would build a mask of T × S for this call's own masks: fairseq's future mask
+        with padding (or a mask other than it); the future mask alone is SDPA's ``is_causal``, padding alone
+        (B, 1, 1, S)."""
+        if attn_mask is None:
+            return False
+        padded = key_padding_mask is not None and key_padding_mask.dim() > 0
+        return padded or not (self.future_masked and tuple(attn_mask.shape) == (tgt_len, src_len))
+
+    def path_of(self, q: Tensor, relative, bias_gradient: bool, bsz: int, tgt_len: int, src_len: int,
+                masked: bool = False) -> str:
+        """The path of a call that several paths can compute (not the explicit one), by ``--pe-attention-kernel``
+        (:attr:`kernel`): "fused" (SDPA with one mask), "blockwise" (explicit blocks of rows, which training takes
+        for query terms, and on the CPU for a bias that learns), "blocks" or "flex" (module docstring).  ``masked``:
+        the call's own masks would be built whole (:meth:`whole_mask`); a bias or query terms always are."""
+        kernel = self.kernel
+        training = torch.is_grad_enabled()
+        if relative is not None and (relative.query_terms or relative.adds_bias):
+            masked = True
+        elements = bsz * self.num_heads * tgt_len * src_len
+        if kernel == "flex" or (kernel == "auto" and training and bias_gradient and flex.flex_backward(q.device)
+                                and elements > AUTO_FLEX_ELEMENTS):
+            reason = flex.flex_supported(relative, q.device, dropout_p=self.dropout_p())
+            if reason is None:
+                log_choice_once(kernel, "flex", "FlexAttention, the bias computed inside the kernel")
+                return "flex"
+            log_choice_once(kernel, "not flex", reason)
+        if training:
+            if relative is not None and relative.query_terms:
+                return "blockwise"
+            if bias_gradient and (kernel == "blockwise" or not mask_gradient_fused(q.device)):
+                return "blockwise"
+            return "fused"
+        if kernel == "blockwise" or (kernel != "sdpa" and masked and elements > AUTO_BLOCKS_ELEMENTS):
+            log_choice_once(kernel, "blocks of query rows in evaluation",
+                            "requested" if kernel == "blockwise" else
+                            f"masks of more than {AUTO_BLOCKS_ELEMENTS:,} elements are built per block")
+            return "blocks"
+        return "blockwise" if relative is not None and relative.query_terms else "fused"
 
     def _fused(self, q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim, out_dtype=None,
                float32=False, relative=None, rows=None):
@@ -346,16 +459,103 @@ class PositionAttention(MultiheadAttention):
             mask = rows.shared(key, mask, keep_graph=gradient and not relative.recomputed)
         else:
             mask = merged_mask(attn_mask, key_padding_mask, None, bsz, tgt_len, src_len, q.dtype)
-        dropout = self.dropout_module
-        p = dropout.p if (self.training or dropout.apply_during_inference) else 0.0
+        p = self.dropout_p()
         observer = _observer
         if observer is not None:
             observer(self, "fused", q=q, k=k, v=v, attn_mask=mask, dropout_p=p, is_causal=causal)
         with autocast_off(q.device, float32):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal,
                                                  scale=self.scaling)
-        out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
+        return self.project_heads(out, out_dtype)
+
+    def _blocks(self, q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim, out_dtype=None,
+                float32=False, relative=None, rows=None):
+        """SDPA over blocks of query rows, each with the mask of its rows only (module docstring: the blocks path);
+        evaluation only (no autograd).  Returns the (T, B, E) output projection."""
+        heads, src_len = self.num_heads, k.size(2)
+        if key_padding_mask is not None and key_padding_mask.dim() == 0:
+            key_padding_mask = None
+        causal = self.future_masked and attn_mask is not None and tuple(attn_mask.shape) == (tgt_len, src_len)
+        bias = relative is not None and relative.adds_bias
+        vector = padding = low = None
+        if bias and relative.toeplitz and rows.positions is None:
+            # one (H, T + S − 1) vector of the pass's distances, with the causal mask in it (distances j − i > 0) and
+            # made finite in the logits' dtype (as saturated() does; each row keeps its own key, so the shift is not
+            # needed for a row to stay finite); each block reads its rows in reverse order, so that its bias
+            # [h, a, j] = vector[h, first + a + j] is an unfold view, which SDPA reads in place: no copy per block
+            low, high = -(query_offset + tgt_len - 1), src_len - query_offset
+            vector = relative.distance_bias(low, high, self.block, rows)
+            if causal:
+                vector = vector.masked_fill(torch.arange(low, high, device=vector.device) > 0, float("-inf"))
+            vector = vector.clamp(min=-torch.finfo(q.dtype).max / 2).to(q.dtype)
+            if key_padding_mask is not None:
+                padding = torch.zeros(bsz, 1, 1, src_len, device=q.device, dtype=q.dtype).masked_fill_(
+                    key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), float("-inf"))
+        unshared = None if rows is None else rows._replace(memo=None)  # nothing of a block kept in the pass
+        p = self.dropout_p()
+        if vector is not None and padding is None:
+            # the mask is a view of the vector, which SDPA's kernels read tile by tile, never whole: large blocks
+            # (measured, T = 4096, 8 heads of 64, one thread: one call 1.05x the time of no mask, blocks of 512 rows
+            # 1.10x, of 128 rows 1.22x), each with a copy of its reversed queries and output only
+            per_block = EVAL_VIEW_BLOCK_ROWS
+        else:
+            per_block = max(EVAL_BLOCK_MIN_ROWS, EVAL_BLOCK_ELEMENTS // max(1, bsz * heads * src_len))
+        out = q.new_empty(tgt_len, bsz, heads, q.size(-1))  # the output projection's layout: no copy of it at the end
+        observer = _observer
+        for start in range(0, tgt_len, per_block):
+            end = min(tgt_len, start + per_block)
+            offset = query_offset + start
+            keys = min(src_len, query_offset + end) if causal else src_len  # later keys are masked for every row
+            reverse = vector is not None
+            if reverse:  # rows end − 1 .. start: distances from −(offset + rows − 1) on
+                first = -(query_offset + end - 1) - low
+                mask = vector[:, first:first + (end - start) + keys - 1].unfold(1, keys, 1).unsqueeze(0)
+                if padding is not None:
+                    mask = mask + padding[..., :keys]
+                if attn_mask is not None and not causal:
+                    mask = mask + attn_mask[start:end, :keys].flip(0).to(q.dtype)
+            else:
+                block_bias = relative.position_bias(end - start, keys, offset, self.block, rows=unshared) \
+                    if bias else None
+                mask = merged_mask(None if attn_mask is None else attn_mask[start:end, :keys],
+                                   None if key_padding_mask is None else key_padding_mask[:, :keys], block_bias, bsz,
+                                   end - start, keys, q.dtype, shift=q.dtype != torch.float32)
+                del block_bias
+            block_q, block_k, block_v = q[:, :, start:end], k[:, :, :keys], v[:, :, :keys]
+            if reverse:
+                block_q = block_q.flip(2)
+            if observer is not None:
+                observer(self, "blocks", q=block_q, k=block_k, v=block_v, attn_mask=mask, dropout_p=p,
+                         is_causal=False)
+            with autocast_off(q.device, float32):
+                block_out = F.scaled_dot_product_attention(block_q, block_k, block_v, attn_mask=mask, dropout_p=p,
+                                                           scale=self.scaling)
+            out[start:end] = (block_out.flip(2) if reverse else block_out).permute(2, 0, 1, 3)
+            del mask, block_out
+        out = out.view(tgt_len, bsz, embed_dim)
         return self.out_proj(out if out_dtype is None else out.to(out_dtype))
+
+    def _flex(self, q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim, out_dtype=None,
+              float32=False, relative=None, rows=None):
+        """FlexAttention with the encoding's score_mod (:mod:`fairseq_pe.models.flex`); returns the (T, B, E) output
+        projection."""
+        src_len = k.size(2)
+        if key_padding_mask is not None and key_padding_mask.dim() == 0:
+            key_padding_mask = None
+        causal = self.future_masked and attn_mask is not None and tuple(attn_mask.shape) == (tgt_len, src_len)
+        if attn_mask is not None and not causal:  # a mask of the caller's own: not a block mask of the lengths
+            log_choice_once(self.kernel, "fused", "an attention mask other than fairseq's future mask")
+            return self._fused(q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim,
+                               out_dtype, float32, relative, rows)
+        p = self.dropout_p()
+        observer = _observer
+        if observer is not None:
+            observer(self, "flex", q=q, k=k, v=v, attn_mask=None, dropout_p=p, is_causal=causal)
+        with autocast_off(q.device, float32):
+            out = flex.flex_attention_forward(relative, rows, self.block, q, k, v, scale=self.scaling,
+                                         query_offset=query_offset, causal=causal, key_padding_mask=key_padding_mask,
+                                         dropout_p=p)
+        return self.project_heads(out, out_dtype)
 
     def _block(self, relative, rows, q, k, v, attn_mask, key_padding_mask, query_offset, start, end):
         """Query rows start..end of the attention output (B, H, rows, d), computed explicitly."""

@@ -115,6 +115,9 @@ class BlockPositionMixin:
         object.__setattr__(self, "position_injector", injector)
         self.block = block
         self.self_attn.attach_relative(injector.relative, block)
+        self.self_attn.kernel = injector.attention_kernel
+        if getattr(self, "encoder_attn", None) is not None:
+            self.encoder_attn.kernel = injector.attention_kernel
         if injector.self_bias is not None:
             install_projection_biases(self.self_attn, self, "self")
         if injector.cross_bias is not None and getattr(self, "encoder_attn", None) is not None:

@@ -63,7 +63,8 @@ COPY_OPS = {"_to_copy", "copy_", "copy"}
 HOST_READ_NAMES = ("cpu", "tolist", "numpy", "__array__")
 #: ``module:function`` of each predicate of ``device`` with which the package branches on the device type; within
 #: :func:`counting` each answers as for a CUDA device
-CUDA_BRANCHES = ("fairseq_pe.models.attention:aligned_rows", "fairseq_pe.models.attention:mask_gradient_fused")
+CUDA_BRANCHES = ("fairseq_pe.models.attention:aligned_rows", "fairseq_pe.models.attention:mask_gradient_fused",
+                 "fairseq_pe.models.flex:flex_backward")
 
 
 @dataclass

@@ -73,6 +73,16 @@ def add_position_encoding_args(parser):
                             "the positions that training draws on average for a target as long as the source, "
                             "⌊(t+1)(L+1)/(m+1)⌋−1 for t < m (m the source's tokens with </s>), then 1 apart past "
                             "them (docs/encodings.md). Default: indices")
+    group.add_argument("--pe-attention-kernel", choices=["auto", "sdpa", "blockwise", "flex"],
+                       help="which computation of attention runs where several give the same result "
+                            "(docs/speed.md#choosing-the-path---pe-attention-kernel): sdpa, torch's SDPA with one mask holding the position "
+                            "bias (its size is B×H×T×S); blockwise, blocks of query rows each with its own mask, in "
+                            "linear memory (evaluation; in training the blockwise path for a bias that learns); flex, "
+                            "torch's FlexAttention with the bias computed inside the kernel (CUDA training; a forward "
+                            "only on the CPU; where an encoding cannot, auto's choice); auto, blockwise in evaluation "
+                            "when the mask would exceed 64 MiB, flex in CUDA training of a learned bias when its mask "
+                            "would be large, sdpa otherwise. The choice is logged once. Set it for fairseq-generate "
+                            "with --model-overrides \"{'pe_attention_kernel': 'blockwise'}\". Default: auto")
     group.add_argument("--pe-fire-threshold", type=float, metavar="L0",
                        help="fire: the initial threshold L of the normaliser ψ(max(i, L)); L = |λ|·L0 with λ learned "
                             "from 1 (default 512, the paper's)")
@@ -114,6 +124,7 @@ def position_encoding_defaults(args, sinusoid_scales=TRANSFORMER_DEFAULTS, float
     args.pe_relative_untie_heads = getattr(args, "pe_relative_untie_heads", False)
     args.pe_random_positions = getattr(args, "pe_random_positions", None)
     args.pe_random_eval_decoder = getattr(args, "pe_random_eval_decoder", None) or "indices"
+    args.pe_attention_kernel = getattr(args, "pe_attention_kernel", None) or "auto"
     if args.pe_relative == "sandwich" and _saved_by_fairseq_pe_0_1(args):
         # it computes what it was trained with: d̄ the embedding dimension, k = 0 .. d̄/2 − 1
         args.pe_sandwich_first_frequency = 0

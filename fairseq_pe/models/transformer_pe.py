@@ -56,6 +56,7 @@ def build_position_injector(cfg, num_blocks: int, embed_dim: int, num_heads: int
         cross_bias=FloaterAttentionBias(embed_dim, num_blocks) if bias and cross_attention else None,
         random_positions=random_positions, causal=side == "target",
         spaced_in_evaluation=side == "target" and getattr(cfg, "pe_random_eval_decoder", None) == "spaced",
+        attention_kernel=getattr(cfg, "pe_attention_kernel", None) or "auto",
     )
 
 

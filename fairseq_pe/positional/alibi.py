@@ -13,7 +13,7 @@ from typing import List
 
 import torch
 
-from .base import Float32State, RelativePositionEncoding, register_position_encoding, relative_distances
+from .base import Float32State, RelativePositionEncoding, register_position_encoding
 from .pass_state import BiasKey, as_rows
 
 
@@ -36,16 +36,17 @@ class ALiBiPositionBias(Float32State, RelativePositionEncoding):
         super().__init__(embed_dim, num_heads, num_blocks, causal, args)
         self.register_buffer("slopes", torch.tensor(alibi_slopes(num_heads)), persistent=False)
 
+    toeplitz = True
+
+    def bias_of_distances(self, distances, block):
+        return -self.slopes.view((-1,) + (1,) * distances.dim()) * distances.abs().float()
+
     def position_bias(self, tgt_len, src_len, query_offset, block, rows=None):
         rows = as_rows(rows)
         distances = rows.distances(tgt_len, src_len, query_offset)
         if distances is not None:  # the rows' own positions (randomised): (B, H, T, S)
             return rows.shared(BiasKey(tgt_len, src_len, query_offset, 0, True),
-                               lambda: -self.slopes.view(1, -1, 1, 1) * distances.abs().unsqueeze(1).float())
-
-        def bias():
-            dist = relative_distances(tgt_len, src_len, query_offset, self.slopes.device).abs()
-            return -self.slopes.view(-1, 1, 1) * dist  # (H, T, S), float32
-
+                               lambda: self.bias_of_distances(distances, block).transpose(0, 1))
         # the same bias serves every layer of a pass
-        return rows.shared(BiasKey(tgt_len, src_len, query_offset, 0, False), bias)
+        return rows.shared(BiasKey(tgt_len, src_len, query_offset, 0, False),
+                           lambda: self.toeplitz_bias(tgt_len, src_len, query_offset, block, rows))

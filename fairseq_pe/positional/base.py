@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from fairseq_pe.errors import UserError
 
-from .pass_state import RelativeRows
+from .pass_state import DistanceBiasKey, RelativeRows, as_rows
 
 _REGISTRY: Dict[Tuple[str, str], Callable] = {}
 KINDS = ("absolute", "relative")
@@ -232,6 +232,10 @@ class RelativePositionEncoding(nn.Module):
     #: whether the encoding depends on positions beyond their differences (FIRE's normaliser): then it gets the
     #: rows' positions (``rows.positions``) also when padding is all that separates them from the indices
     needs_positions = False
+    #: whether ``position_bias`` depends on the signed distance j − i alone (a Toeplitz matrix per head: ALiBi, T5,
+    #: KERPLE, Sandwich): such an encoding defines :meth:`bias_of_distances`, and its bias of any block of rows is a
+    #: window of one small (H, T + S − 1) vector (:meth:`distance_bias`)
+    toeplitz = False
 
     def __init__(self, embed_dim: int, num_heads: int, num_blocks: int, causal: bool, args=None):
         super().__init__()
@@ -267,6 +271,39 @@ class RelativePositionEncoding(nn.Module):
         """Blocks with equal keys get the same ``position_bias`` (shared by all layers unless untied)."""
         return 0
 
+    @property
+    def device(self) -> torch.device:
+        """Where the encoding's parameters and buffers are (the CPU for one without any)."""
+        for tensor in self.parameters():
+            return tensor.device
+        for tensor in self.buffers():
+            return tensor.device
+        return torch.device("cpu")
+
+    def bias_of_distances(self, distances: torch.Tensor, block: int) -> torch.Tensor:
+        """(H, *distances.shape) float32 biases of the signed distances j − i ``distances`` (a :attr:`toeplitz`
+        encoding's bias as a function of the distance alone)."""
+        raise NotImplementedError(f"{type(self).__name__} is not a Toeplitz encoding")
+
+    def distance_bias(self, low: int, high: int, block: int, rows: RelativeRows = None):
+        """(H, high − low) float32 bias of the signed distances low .. high − 1, for a :attr:`toeplitz` encoding
+        (None for the others): the bias of query index i and key j is ``distance_bias[h, j − i − low]``.  Linear in
+        the length where the (H, T, S) bias is quadratic: computed once per pass (the memo), differentiable in the
+        encoding's parameters; the blockwise and FlexAttention paths read their rows' bias from it."""
+        if not self.toeplitz:
+            return None
+        return as_rows(rows).shared(
+            DistanceBiasKey(low, high, self.bias_key(block)),
+            lambda: self.bias_of_distances(torch.arange(low, high, device=self.device), block))
+
+    def toeplitz_bias(self, tgt_len: int, src_len: int, query_offset: int, block: int, rows: RelativeRows = None):
+        """(H, T, S) bias of query rows ``query_offset`` .. + T − 1 and keys 0 .. S − 1 of a :attr:`toeplitz`
+        encoding, from :meth:`distance_bias` (the windows of the T + S − 1 distances)."""
+        low = -(query_offset + tgt_len - 1)
+        per_distance = self.distance_bias(low, src_len - query_offset, block, rows)
+        # window a of length S starts at distance low + a, which is query T − 1 − a's distance to key 0
+        return per_distance.unfold(1, src_len, 1).flip(1)  # [h, i, j] = b(j − (offset + i))
+
     def rotate(self, q, k, query_offset: int, block: int, query_scale: float = 1.0, rows: RelativeRows = None):
         """The queries and keys of the pass's new positions, rotated (RoPE); the queries also times
         ``query_scale`` (1/√d where the attention computes its logits itself: one product fewer per layer)."""
@@ -281,3 +318,35 @@ class RelativePositionEncoding(nn.Module):
     def value_terms(self, probs, tgt_len: int, src_len: int, query_offset: int, block: int,
                     rows: RelativeRows = None):
         return None
+
+    def score_mod(self, tgt_len: int, src_len: int, query_offset: int, block: int, rows: RelativeRows = None,
+                  q=None):
+        """The bias as FlexAttention's ``score_mod(score, b, h, q_idx, kv_idx) -> score`` for query rows
+        0 .. ``tgt_len`` − 1 (index ``query_offset`` + row) and keys 0 .. ``src_len`` − 1 (which may exceed the
+        rows' positions: :func:`fairseq_pe.models.flex.flex_attention_forward` rounds them up to a bucket and masks
+        the extra keys), or None (no bias).  Generic form for a :attr:`toeplitz` encoding: the kernel reads its
+        (H, T + S − 1) :meth:`distance_bias` at ``kv − q + T − 1``; with rows of their own positions (randomised)
+        the same vector over −bound .. bound at ``pos[b, kv] − pos[b, q] + bound``.  The captured tensors' shapes
+        depend on ``tgt_len`` and ``src_len`` only (not on ``query_offset``): one compiled kernel per bucket."""
+        if not self.toeplitz:
+            return None
+        rows = as_rows(rows)
+        if rows.positions is None:  # the positions are the indices
+            table = self.distance_bias(-(query_offset + tgt_len - 1), src_len - query_offset, block, rows)
+            last = tgt_len - 1
+
+            def toeplitz(score, b, h, q_idx, kv_idx):
+                return score + table[h, kv_idx - q_idx + last]
+
+            return toeplitz
+        bound = rows.bound
+        table = self.distance_bias(-bound, bound + 1, block, rows)
+        positions = rows.positions
+        keys = nn.functional.pad(positions[:, :src_len], (0, max(0, src_len - positions.size(1))))
+        queries = positions[:, query_offset:query_offset + tgt_len]
+        queries = nn.functional.pad(queries, (0, tgt_len - queries.size(1)))
+
+        def own_positions(score, b, h, q_idx, kv_idx):
+            return score + table[h, keys[b, kv_idx] - queries[b, q_idx] + bound]
+
+        return own_positions

@@ -32,6 +32,7 @@ all layers (``--pe-relative-untie-layers``: one per layer).  No length limit.
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from fairseq_pe.errors import UserError
 
@@ -90,6 +91,24 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
         normaliser = torch.maximum(torch.maximum(i, j).float(), threshold)
         return distance.sign() * torch.log1p(c * distance.abs()) / (torch.log1p(c * normaliser) + EPS)
 
+    def index_function_input(self, tgt_len: int, src_len: int, query_offset: int, index: int) -> torch.Tensor:
+        """:meth:`function_input` of query indices ``query_offset`` .. + T − 1 and key indices 0 .. S − 1, (T, S),
+        from two vectors: sign(i − j)·ψ(|i − j|) of the T + S − 1 distances (a Toeplitz matrix) and 1/ψ(max(n, L))
+        of the indices n, non-increasing in n, so that the normaliser of max(i, j) is the smaller of row i's and
+        column j's.  Three passes over (T, S) instead of a dozen: the blocks path computes it per block of rows."""
+        device = self.w1.device
+        c = self.c[index].abs()
+        threshold = self.threshold_scale[index].abs() * self.threshold
+        low = -(query_offset + tgt_len - 1)  # the smallest j − i
+        distance = -torch.arange(low, src_len - query_offset, device=device).float()  # i − j, from the largest
+        numerators = distance.sign() * torch.log1p(c * distance.abs())
+        # window a starts at j − i = low + a: query T − 1 − a's row; flipped to row order
+        numerators = numerators.unfold(0, src_len, 1).flip(0)
+        indices = torch.arange(max(query_offset + tgt_len, src_len), device=device).float()
+        inverse = 1.0 / (torch.log1p(c * torch.maximum(indices, threshold)) + EPS)
+        rows = inverse[query_offset:query_offset + tgt_len].view(-1, 1)
+        return numerators * torch.minimum(rows, inverse[:src_len].view(1, -1))
+
     def network(self, x: torch.Tensor, index: int) -> torch.Tensor:
         """f_θ of every element of ``x``: (..., H), written as the network it is (the reference of
         :meth:`network_at`)."""
@@ -109,16 +128,21 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
         on = (inside.unsqueeze(1) * w1 + b1 > 0).to(w1.dtype)  # (pieces, 32): the units on in each piece
         return cuts, (on * w1) @ w2, (on * b1) @ w2 + b2
 
-    def network_at(self, x: torch.Tensor, index: int) -> torch.Tensor:
+    def network_at(self, x: torch.Tensor, index: int, one_lookup: bool = False) -> torch.Tensor:
         """f_θ of every element of ``x``, head first: (H, *x.shape); the values of :meth:`network` to rounding.
         Few elements (a step of step-by-step decoding: one query row) go through the network itself, in fewer
-        operations than finding the pieces."""
+        operations than finding the pieces.  ``one_lookup`` (evaluation, a block of rows): every head's slope and
+        intercept in one embedding lookup of the piece, 2.5× faster than two gathers per head (64 × 4,096 pairs,
+        4 heads: 5.8 ms against 14.7), at the price of a temporary twice the result's size."""
         if x.numel() * HIDDEN <= DIRECT_ELEMENTS:  # relu(x·w₁ + b₁)·w₂ + b₂, head first: three kernels
             hidden = torch.relu(torch.addcmul(self.b1[index], x.unsqueeze(-1), self.w1[index]))
             out = torch.addmm(self.b2[index].unsqueeze(1), self.w2[index].t(), hidden.reshape(-1, HIDDEN).t())
             return out.view((self.num_heads,) + x.shape)
         cuts, slopes, intercepts = self.pieces(index)
         piece = torch.searchsorted(cuts, x.detach().contiguous(), out_int32=True)
+        if one_lookup and not torch.is_grad_enabled():
+            looked_up = F.embedding(piece, torch.cat([slopes, intercepts], dim=1)).movedim(-1, 0)  # (2H, *x.shape)
+            return torch.addcmul(looked_up[self.num_heads:], looked_up[:self.num_heads], x)
         slopes, intercepts = slopes.t(), intercepts.t()  # (H, pieces)
         if torch.is_grad_enabled() or x.numel() * self.num_heads <= HEADWISE_ELEMENTS:
             return torch.addcmul(intercepts[:, piece], slopes[:, piece], x)
@@ -137,12 +161,49 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
         def bias():
             device = self.w1.device
             if positions is None:
-                i = torch.arange(query_offset, query_offset + tgt_len, device=device).view(-1, 1)
-                j = torch.arange(src_len, device=device).view(1, -1)
-                return self.network_at(self.function_input(i, j, index), index)
+                return self.network_at(self.index_function_input(tgt_len, src_len, query_offset, index), index,
+                                       one_lookup=rows.memo is None)  # a block of rows of the blocks path
             i = positions[:, query_offset:query_offset + tgt_len].to(device).unsqueeze(2)
             j = positions[:, :src_len].to(device).unsqueeze(1)
             return self.network_at(self.function_input(i, j, index), index).transpose(0, 1)
 
         # once per pass without a gradient to carry; in training a new graph for every layer (and block of rows)
         return rows.shared(BiasKey(tgt_len, src_len, query_offset, index, positions is not None), bias)
+
+    def score_mod(self, tgt_len, src_len, query_offset, block, rows=None, q=None):
+        """f_θ(x) computed inside FlexAttention's kernel (:mod:`fairseq_pe.models.flex`) for query rows 0 ..
+        ``tgt_len`` − 1 and keys 0 .. ``src_len`` − 1: x from the query's and key's positions (the indices, or the
+        rows' own, padded with 0 past them: the kernel's extra keys are masked), then the network with its 32 ReLU
+        units unrolled: b₂[h] + Σ_k w₂[k, h]·relu(w₁[k]·x + b₁[k]), reading θ, c and λ as captured tensors, so
+        that FlexAttention's backward gives their gradients.  What :meth:`position_bias` computes, to rounding."""
+        index = block - 1 if self.untie_layers else 0
+        w1, b1, w2, b2 = self.w1[index], self.b1[index], self.w2[index], self.b2[index]
+        c = self.c[index].abs()
+        threshold = self.threshold_scale[index].abs() * self.threshold
+        positions = as_rows(rows).positions
+
+        def network(score, h, i, j):
+            distance = i - j
+            normaliser = torch.maximum(torch.maximum(i, j), threshold)
+            x = torch.sign(distance) * torch.log1p(c * distance.abs()) / (torch.log1p(c * normaliser) + EPS)
+            out = score + b2[h]
+            for k in range(HIDDEN):
+                out = out + w2[k, h] * torch.relu(w1[k] * x + b1[k])
+            return out
+
+        if positions is None:
+            offset = torch.full((), float(query_offset), device=w1.device)  # a tensor: one kernel for any offset
+
+            def fire_indices(score, b, h, q_idx, kv_idx):
+                return network(score, h, q_idx.float() + offset, kv_idx.float())
+
+            return fire_indices
+        positions = positions.to(w1.device)
+        keys = nn.functional.pad(positions[:, :src_len], (0, max(0, src_len - positions.size(1)))).float()
+        queries = positions[:, query_offset:query_offset + tgt_len]
+        queries = nn.functional.pad(queries, (0, tgt_len - queries.size(1))).float()
+
+        def fire_positions(score, b, h, q_idx, kv_idx):
+            return network(score, h, queries[b, q_idx], keys[b, kv_idx])
+
+        return fire_positions

@@ -85,8 +85,12 @@ class PositionInjector(nn.Module):
     def __init__(self, absolute: Optional[AbsolutePositionEncoding], padding_idx: int,
                  relative: Optional[RelativePositionEncoding] = None,
                  self_bias: Optional[nn.Module] = None, cross_bias: Optional[nn.Module] = None,
-                 random_positions: Optional[int] = None, causal: bool = False, spaced_in_evaluation: bool = False):
+                 random_positions: Optional[int] = None, causal: bool = False, spaced_in_evaluation: bool = False,
+                 attention_kernel: str = "auto"):
         super().__init__()
+        #: ``--pe-attention-kernel``, handed to the side's attentions (:meth:`PositionAttention.path_of
+        #: <fairseq_pe.models.attention.PositionAttention.path_of>`)
+        self.attention_kernel = attention_kernel
         #: ``--pe-random-positions`` L (:mod:`.random_positions`): sampled in training, and in evaluation on the
         #: encoder side (``causal`` False); None: positions 0 .. n−1
         self.random_positions = random_positions

@@ -104,17 +104,18 @@ class _Kerple(Float32State, RelativePositionEncoding):
         return rows.shared(BiasKey(tgt_len, src_len, query_offset, self.bias_key(block), rows.positions is not None),
                            lambda: self._bias(tgt_len, src_len, query_offset, block, rows))
 
-    def _bias(self, tgt_len, src_len, query_offset, block, rows):
+    toeplitz = True
+
+    def bias_of_distances(self, distances, block):
         r1, r2 = self.parameters_in_range(block)
-        rows = rows.distances(tgt_len, src_len, query_offset)
-        if rows is not None:  # the rows' own positions (randomised): (B, H, T, S)
-            r1, r2 = r1.view(1, -1, 1, 1), r2.view(1, -1, 1, 1)
-            return self.kernel(rows.abs().unsqueeze(1).to(r1.dtype), r1, r2)
-        r1, r2 = r1.view(-1, 1), r2.view(-1, 1)
-        low = -(query_offset + tgt_len - 1)
-        distance = torch.arange(low, src_len - query_offset, device=r1.device).abs().to(r1.dtype)
-        per_distance = self.kernel(distance.unsqueeze(0), r1, r2)  # (H, T + S − 1)
-        return per_distance.unfold(1, src_len, 1).flip(1)  # [h, i, j] = k(|j − (offset + i)|)
+        shape = (-1,) + (1,) * distances.dim()
+        return self.kernel(distances.abs().to(r1.dtype).unsqueeze(0), r1.view(shape), r2.view(shape))
+
+    def _bias(self, tgt_len, src_len, query_offset, block, rows):
+        distances = rows.distances(tgt_len, src_len, query_offset)
+        if distances is not None:  # the rows' own positions (randomised): (B, H, T, S)
+            return self.bias_of_distances(distances, block).transpose(0, 1)
+        return self.toeplitz_bias(tgt_len, src_len, query_offset, block, rows)  # [h, i, j] = k(|j − (offset + i)|)
 
 
 @register_position_encoding("relative", "kerple-log")

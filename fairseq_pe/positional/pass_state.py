@@ -87,6 +87,13 @@ class BiasKey(NamedTuple):
     per_row: bool
 
 
+class DistanceBiasKey(NamedTuple):
+    """A Toeplitz encoding's bias of each signed distance low .. high − 1 (ALiBi, T5, KERPLE, Sandwich)."""
+    low: int
+    high: int
+    bias_key: object
+
+
 class RotationKey(NamedTuple):
     """RoPE's (xPos's) rotations of the pass's new queries and keys."""
     length: int

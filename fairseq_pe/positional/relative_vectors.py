@@ -113,6 +113,37 @@ class _RelativeVectors(RelativePositionEncoding):
         out = torch.matmul(per_distance, a_value.to(probs.dtype))
         return out.reshape(bsz * self.num_heads, tgt_len, self.head_dim)
 
+    def score_mod(self, tgt_len, src_len, query_offset, block, rows=None, q=None):
+        """The key term q_i·a^K_{r(i, j)} as FlexAttention's score_mod (:mod:`fairseq_pe.models.flex`), for the
+        queries ``q`` (B, H, T', d) as :meth:`logit_terms` takes them (scaled), T' ≤ ``tgt_len`` (padded with 0 to
+        it): a per-distance logit table (B, H, T, 2K + 1) = q·a^K, read at clip(kv − q − offset, −K, K) + K (the
+        rows' own positions where they have them).  Key terms only: the value term Σ_j α_ij a^V_r needs the
+        probabilities, so FlexAttention does not run these encodings
+        (:func:`~fairseq_pe.models.flex.flex_supported`); this is their logit term's in-kernel form."""
+        if q is None:
+            return None
+        rows = as_rows(rows)
+        a_key, _ = self.vectors(block, rows)
+        q = nn.functional.pad(q, (0, 0, 0, tgt_len - q.size(2)))
+        per_distance = torch.matmul(q, a_key.to(q.dtype).transpose(-1, -2))  # (B, H, T, 2K + 1)
+        most = self.max_distance
+        if rows.positions is None:
+            offset = torch.full((), query_offset, dtype=torch.long, device=q.device)
+
+            def shaw_indices(score, b, h, q_idx, kv_idx):
+                return score + per_distance[b, h, q_idx, (kv_idx - q_idx - offset).clamp(-most, most) + most]
+
+            return shaw_indices
+        positions = rows.positions.to(q.device)
+        keys = nn.functional.pad(positions[:, :src_len], (0, max(0, src_len - positions.size(1))))
+        queries = positions[:, query_offset:query_offset + tgt_len]
+        queries = nn.functional.pad(queries, (0, tgt_len - queries.size(1)))
+
+        def shaw_positions(score, b, h, q_idx, kv_idx):
+            return score + per_distance[b, h, q_idx, (keys[b, kv_idx] - queries[b, q_idx]).clamp(-most, most) + most]
+
+        return shaw_positions
+
 
 @register_position_encoding("relative", "learned")
 class ShawRelativePositionEncoding(_RelativeVectors):

@@ -53,6 +53,11 @@ class SandwichPositionBias(Float32State, RelativePositionEncoding):
             raise UserError(f"--pe-sandwich-first-frequency must be 0 or 1, got {self.first_frequency}")
         self.register_buffer("anchor", torch.zeros(0), persistent=False)  # follows the model's device
 
+    toeplitz = True
+
+    def bias_of_distances(self, distances, block):
+        return sandwich_bias(distances, self.dim, self.num_heads, self.first_frequency)
+
     def position_bias(self, tgt_len, src_len, query_offset, block, rows=None):
         view = as_rows(rows)
         rows = view.distances(tgt_len, src_len, query_offset)
@@ -67,11 +72,8 @@ class SandwichPositionBias(Float32State, RelativePositionEncoding):
 
             return view.shared(BiasKey(tgt_len, src_len, query_offset, 0, True), per_row)
 
-        def bias():
-            # T + S − 1 distinct distances, viewed as (H, T, S) (a Toeplitz view, as T5's)
-            low = -(query_offset + tgt_len - 1)
-            distance = torch.arange(low, src_len - query_offset, device=self.anchor.device)
-            return sandwich_bias(distance, self.dim, self.num_heads, self.first_frequency).unfold(1, src_len, 1).flip(1)
+        def bias():  # T + S − 1 distinct distances, viewed as (H, T, S) (a Toeplitz view, as T5's)
+            return self.toeplitz_bias(tgt_len, src_len, query_offset, block, view)
 
         # the same bias serves every layer of a pass
         return view.shared(BiasKey(tgt_len, src_len, query_offset, 0, False), bias)

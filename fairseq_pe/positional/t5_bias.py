@@ -84,16 +84,14 @@ class T5PositionBias(Float32State, RelativePositionEncoding):
         return rows.shared(BiasKey(tgt_len, src_len, query_offset, self.bias_key(block), rows.positions is not None),
                            lambda: self._bias(tgt_len, src_len, query_offset, block, rows))
 
-    def _bias(self, tgt_len, src_len, query_offset, block, rows):
+    toeplitz = True
+
+    def bias_of_distances(self, distances, block):
         table = self.bias[block - 1 if self.untie_layers else 0].t()  # (H, buckets)
-        rows = rows.distances(tgt_len, src_len, query_offset)
-        if rows is not None:  # the rows' own positions (randomised): (B, H, T, S)
-            buckets = t5_bucket(rows, not self.causal, self.num_buckets, self.max_distance)
-            return table[:, buckets].transpose(0, 1)
-        # distances j − i from −(query_offset + T − 1) (last query, first key) to S − 1 − query_offset
-        low = -(query_offset + tgt_len - 1)
-        distances = torch.arange(low, src_len - query_offset, device=table.device)
-        per_distance = table[:, t5_bucket(distances, not self.causal, self.num_buckets, self.max_distance)]
-        # window a of length S starts at distance low + a, which is query T − 1 − a's distance to key 0
-        windows = per_distance.unfold(1, src_len, 1)  # (H, T, S) view: [h, a, j] = b(low + a + j)
-        return windows.flip(1)  # (H, T, S): [h, i, j] = b(j − (offset + i))
+        return table[:, t5_bucket(distances, not self.causal, self.num_buckets, self.max_distance)]
+
+    def _bias(self, tgt_len, src_len, query_offset, block, rows):
+        distances = rows.distances(tgt_len, src_len, query_offset)
+        if distances is not None:  # the rows' own positions (randomised): (B, H, T, S)
+            return self.bias_of_distances(distances, block).transpose(0, 1)
+        return self.toeplitz_bias(tgt_len, src_len, query_offset, block, rows)
