@@ -197,6 +197,10 @@ GROUPS: Dict[str, Tuple[str, ...]] = {
                   "floater-input", "floater", "floater-bias"),
     # a sinusoidal APE, a learned APE at every block, Shaw's RPE, RoPE, ALiBi, T5, KERPLE, FIRE, FLOATER at every
     # block and as biases: the tests' representative subset (tests/test_fairseq_features_cli.py)
+    # docs/speed.md's long-context run (benchmark_positions.py --long): every bias, the Shaw RPE, RoPE, an APE and
+    # FLOATER's Q/K/V biases
+    "long-context": ("alibi", "t5", "kerple-log", "kerple-power", "sandwich", "fire", "rpe-learned", "rope",
+                     "ape-sinusoidal", "floater-bias"),
     "representative": ("ape-sinusoidal", "rpe-learned", "rope", "alibi", "t5", "kerple-power", "fire", "floater-bias",
                        "ape-learned-all", "floater"),
     # the encodings tests/test_roberta_pe.py runs in roberta_pe (beside BERT's learned APE)

@@ -4,7 +4,8 @@ tests/test_doc_commands.py runs; its docstring says what is checked).
 Reading: a fenced block marked ``bash``/``sh``/``shell``/``console`` (its ``$ `` lines), or bare (only
 our programs: it may hold output), is shell.  ``\\`` continuations are joined and the standard
 library's POSIX lexer (:mod:`shlex`) splits each line into words, operators and its comment.
-``$(which PROG)`` becomes PROG, ``$(python -c '...TASK-bin/task.json...')`` the flags
+``$(which PROG)`` becomes PROG, ``$(python -m fairseq_pe.systems names GROUP)`` the group's names,
+``$(python -c '...TASK-bin/task.json...')`` the flags
 fairseq-pe-prepare-glue writes there, any other ``$(...)`` is dropped (the command is then elided).
 A comment ``LABEL: COMMAND`` counts when it runs a program of ours, as does a `code span` of the prose.
 The doc notation: ``...`` (flags elided: nothing is required), ``[A]`` (kept), ``(A | B)`` and
@@ -119,6 +120,12 @@ class _Line(io.StringIO):
 
 def _substitute(m: re.Match, dropped: List[bool]) -> str:
     inner = m.group()[2:-1]
+    group = re.fullmatch(r"\s*python -m fairseq_pe\.systems names ([\w-]+)\s*", inner)
+    if group:  # the catalogue's names of a group, as the shell gets them
+        from fairseq_pe import systems
+
+        dropped.append(False)
+        return " ".join(systems.GROUPS[group.group(1)])
     which, task = re.fullmatch(r"\s*which\s+(\S+)\s*", inner), re.search(r"([\w.-]+)-bin/task\.json", inner)
     dropped.append(not which and not (task and "fairseq_train_args" in inner))
     if which or dropped[-1]:
