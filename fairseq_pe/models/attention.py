@@ -400,7 +400,12 @@ class PositionAttention(MultiheadAttention):
         if attn_mask is None:
             return False
         padded = key_padding_mask is not None and key_padding_mask.dim() > 0
-        return padded or not (self.future_masked and tuple(attn_mask.shape) == (tgt_len, src_len))
+        return padded or not self.is_future_mask(attn_mask, tgt_len, src_len)
+
+    def is_future_mask(self, attn_mask, tgt_len: int, src_len: int) -> bool:
+        """Whether ``attn_mask`` is fairseq's future mask of this call (a decoder self-attention's (T, S) mask in a
+        full pass): key j visible iff j ≤ query_offset + i."""
+        return self.future_masked and attn_mask is not None and tuple(attn_mask.shape) == (tgt_len, src_len)
 
     def path_of(self, q: Tensor, relative, bias_gradient: bool, bsz: int, tgt_len: int, src_len: int,
                 masked: bool = False) -> str:
@@ -442,9 +447,8 @@ class PositionAttention(MultiheadAttention):
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
         causal = False
-        if self.future_masked and attn_mask is not None and key_padding_mask is None and query_offset == 0 \
-                and tgt_len == src_len and tuple(attn_mask.shape) == (tgt_len, src_len) \
-                and (relative is None or not relative.adds_bias):
+        if self.is_future_mask(attn_mask, tgt_len, src_len) and key_padding_mask is None and query_offset == 0 \
+                and tgt_len == src_len and (relative is None or not relative.adds_bias):
             # fairseq's future mask is all this attention masks with: the kernel's own causal mask (top-left
             # aligned, the same for T = S) reaches FlashAttention, which takes no float mask
             mask, causal = None, True
@@ -475,7 +479,7 @@ class PositionAttention(MultiheadAttention):
         heads, src_len = self.num_heads, k.size(2)
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
-        causal = self.future_masked and attn_mask is not None and tuple(attn_mask.shape) == (tgt_len, src_len)
+        causal = self.is_future_mask(attn_mask, tgt_len, src_len)
         bias = relative is not None and relative.adds_bias
         vector = padding = low = None
         if bias and relative.toeplitz and rows.positions is None:
@@ -542,7 +546,7 @@ class PositionAttention(MultiheadAttention):
         src_len = k.size(2)
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
-        causal = self.future_masked and attn_mask is not None and tuple(attn_mask.shape) == (tgt_len, src_len)
+        causal = self.is_future_mask(attn_mask, tgt_len, src_len)
         if attn_mask is not None and not causal:  # a mask of the caller's own: not a block mask of the lengths
             log_choice_once(self.kernel, "fused", "an attention mask other than fairseq's future mask")
             return self._fused(q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim,
