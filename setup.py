@@ -48,6 +48,8 @@ setup(
             "fairseq-pe-glue-eval = fairseq_pe.bert.glue:main",
             "fairseq-pe-analyze = fairseq_pe.analysis.cli:main",
             "fairseq-pe-average-checkpoints = fairseq_pe.average_checkpoints:main",
+            "fairseq-pe-prepare-wikitext = fairseq_pe.data_prep.wikitext:main",
+            "fairseq-pe-lm-lengths = fairseq_pe.lm.extrapolation:main",
         ],
     },
 )

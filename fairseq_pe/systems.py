@@ -208,6 +208,9 @@ GROUPS: Dict[str, Tuple[str, ...]] = {
                 "rope", "alibi", "t5", "kerple-log", "sandwich", "fire", "floater"),
     # the encodings the tests train with randomised positions (one of each kind of position use)
     "randomised": ("ape-sinusoidal", "rope", "xpos", "alibi", "t5", "kerple-power", "sandwich", "fire", "rpe-learned"),
+    # scripts/recipes/lm-wiki103.sh (the GPU recipe): ALiBi's Figure 1 encodings and KERPLE's logarithmic kernel
+    # (Chi et al. 2022, Table 3)
+    "lm-wiki103": ("ape-sinusoidal", "rope", "t5", "alibi", "kerple-log"),
 }
 # scripts/recipes/s2l-cpu-captions.sh: the quickstart's systems and the extrapolation encodings, in its tables' order
 GROUPS["s2l-cpu-captions"] = GROUPS["quickstart"] + ("kerple-log", "kerple-power", "sandwich", "fire", "xpos",

@@ -90,6 +90,25 @@ GIB`` bounds each CPU measurement's address space, so that a length that does no
     python scripts/benchmark_positions.py --out bench-long --long --encoder-layers 1 --repeats 1 --memory-limit 16
     python scripts/benchmark_positions.py --out bench-long-gpu --device cuda --fp16 --long-train --systems alibi t5
 
+Language models (issue 42), in place of the measurements above: ``--lm`` measures stock fairseq's ``transformer_lm``
+against the plugin's ``transformer_lm_pe`` of the same size (``--size base``, the default with ``--lm``: 6 layers, 512
+dims, 8 heads, FFN 2048, pre-norm as fairseq's ``base_lm_architecture``; ``gpt2-small``; ``tiny``: 2 layers, 64
+dims), tied input and output embeddings, dropout 0, each system in a fresh process (stock without importing the
+plugin): a training step at L = ``--lm-length`` (default 512: ``--lm-batch`` sequences of L tokens, train mode,
+forward and backward of fairseq's ``cross_entropy`` loss, the gradients dropped after it as fairseq's ``zero_grad``
+does), then what ``fairseq-eval-lm`` does per sample at ``--lm-multiples`` of L (default 4 and 16): one sequence in
+eval mode under ``torch.no_grad()``, the decoder's log-probabilities over the vocabulary and the targets' picked out
+(its ``SequenceScorer``).  Both models are built with ``--max-target-positions`` 16L + 8 (stock's sinusoidal table,
+and a learned table, cover 16L; a trained ``ape-learned`` checkpoint refuses a longer ``--tokens-per-sample`` by
+name, the cost measured here is the table's); randomised positions draw from [0, 16L + 8).  Time: the fastest of
+``--repeats`` calls after a first call; memory: the peak extra memory of a call (as ``--long``); a measurement that
+runs out of memory is "failed" and the others go on.  Targets (``LM_TARGETS``): the training step as the translation
+training time's targets, the evaluation at 16L as the long-context ones.  Results in
+``OUT/benchmark-lm.{md,json,png}``::
+
+    python scripts/benchmark_positions.py --out bench-lm --lm --systems alibi rope t5 ape-sinusoidal --repeats 2
+    python scripts/benchmark_positions.py --out bench-lm-gpu --lm --device cuda --fp16 --lm-length 1024
+
 Results: the table on stdout and, each written atomically, ``OUT/benchmark.md`` (the table, stock's
 absolute figures, the targets), ``OUT/benchmark.json`` (settings, every system's flags and
 command lines, every round, ratios, targets and pass/fail) and ``OUT/benchmark.png`` (the ratios per
@@ -221,8 +240,29 @@ finally:
         print("CUDA_PEAK_KB", torch.cuda.max_memory_allocated() // 1024, flush=True)
 """
 
-# the child scripts' model: stock fairseq or the plugin (kind), arch, the flags, T + 8 positions, a dictionary of
-# vocab words, in device and dtype (the variables the child has parsed from its arguments)
+# stock fairseq's language model is registered with a dataclass, and its own architecture "transformer_lm" sets
+# nothing: fairseq's CLI fills what an architecture leaves from the dataclass's defaults (an "${model.KEY}" default is
+# KEY's value; another group's, None).  The same here, for a model built from an argparse namespace (in the
+# children, and model_sizes)
+STOCK_LM_DEFAULTS = r"""
+def stock_lm_defaults(args):
+    import dataclasses
+    from fairseq.models.transformer_lm import TransformerLanguageModelConfig
+    fields = dataclasses.fields(TransformerLanguageModelConfig)
+    for f in fields:  # the declared default ("${model.KEY}" as written, not resolved against the dataclass)
+        if getattr(args, f.name, None) is None:
+            setattr(args, f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
+    for key in (f.name for f in fields):
+        value = getattr(args, key)
+        if isinstance(value, str) and value.startswith("${model.") and value.endswith("}"):
+            setattr(args, key, getattr(args, value[len("${model."):-1]))
+        elif isinstance(value, str) and value.startswith("${"):  # another group's: common.tpu (False), the task's
+            setattr(args, key, None)  # max_target_positions (given)
+"""
+
+# the child scripts' model: stock fairseq or the plugin (kind: "stock", "plugin"; the language models: "stock-lm",
+# "plugin-lm"), arch, the flags, T + 8 positions, a dictionary of vocab words, in device and dtype (the variables the
+# child has parsed from its arguments)
 BUILD_MODEL = r"""
 import torch
 from types import SimpleNamespace
@@ -232,13 +272,27 @@ if kind == "plugin":
     sys.path.insert(0, repo)
     import fairseq_pe
     from fairseq_pe.models.transformer_pe import TransformerPEModel as Model
-else:  # stock fairseq: the plugin is never imported
+elif kind == "plugin-lm":
+    sys.path.insert(0, repo)
+    import fairseq_pe
+    from fairseq_pe.models.transformer_lm_pe import TransformerPELanguageModel as Model
+elif kind == "stock-lm":  # stock fairseq: the plugin is never imported
+    from fairseq.models.transformer_lm import TransformerLanguageModel as Model
+else:
     from fairseq.models.transformer import TransformerModel as Model
 torch.set_num_threads(threads)
 parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
 Model.add_args(parser)
-args = parser.parse_args(flags + ["--max-source-positions", str(length + 8), "--max-target-positions", str(length + 8)])
+if kind.endswith("-lm"):  # a language model's positions are the task's option (--tokens-per-sample)
+    args = parser.parse_args(flags)
+    args.max_target_positions = length + 8
+else:
+    args = parser.parse_args(flags + ["--max-source-positions", str(length + 8), "--max-target-positions",
+                                      str(length + 8)])
 ARCH_CONFIG_REGISTRY[arch](args)
+if kind == "stock-lm":
+""" + "\n".join("    " + line for line in STOCK_LM_DEFAULTS.strip().splitlines()) + r"""
+    stock_lm_defaults(args)
 d = Dictionary()
 for i in range(vocab):
     d.add_symbol("w%d" % i)
@@ -364,14 +418,20 @@ def make_data(work, sentences, test_sentences, vocab, seed=1):
     return bin_dir
 
 
-def model_sizes(plugin, arch, flags):
-    """The sizes the architecture function gives a model (stock or plugin), from its flags."""
+def model_sizes(plugin, arch, flags, lm=False):
+    """The sizes the architecture function gives a model (stock or plugin; a language model with ``lm``), from its
+    flags."""
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
     from fairseq.models.transformer import TransformerModel
+    from fairseq.models.transformer_lm import TransformerLanguageModel
 
+    from fairseq_pe.models.transformer_lm_pe import TransformerPELanguageModel
     from fairseq_pe.models.transformer_pe import TransformerPEModel
 
-    want = TransformerPEModel if plugin else TransformerModel
+    if lm:
+        want = TransformerPELanguageModel if plugin else TransformerLanguageModel
+    else:
+        want = TransformerPEModel if plugin else TransformerModel
     flag = "--arch" if plugin else "--stock-arch"
     if arch not in ARCH_MODEL_REGISTRY:
         raise UserError(f"{flag} {arch}: no such fairseq architecture")
@@ -387,7 +447,11 @@ def model_sizes(plugin, arch, flags):
     if unknown:
         raise UserError(f"{'--arch' if plugin else '--stock-flags'}: unknown model flags {unknown}")
     ARCH_CONFIG_REGISTRY[arch](args)
-    return {key: getattr(args, key, None) for key in SIZE_KEYS}
+    if lm and not plugin:
+        namespace = {}
+        exec(STOCK_LM_DEFAULTS, namespace)
+        namespace["stock_lm_defaults"](args)
+    return {key: getattr(args, key, None) for key in (LM_SIZE_KEYS if lm else SIZE_KEYS)}
 
 
 class Progress:
@@ -745,20 +809,13 @@ def long_target_group(name):
     return target_group(name, LONG_TARGETS)
 
 
-# one encoder pass of T-token sentences, stock fairseq or the plugin: MODE "eval" (model.eval(), torch.no_grad(),
-# as fairseq-generate, validation and fairseq-eval-lm run it) or "train" (train mode, forward and backward);
-# a first call (timed alone: a compile shows there), then REPEATS timed calls, each with its peak extra memory
-LONG_CHILD = r"""
-import argparse, gc, resource, sys, time
-kind, repo, arch, length, threads, vocab, rows, device, dtype, mode, repeats, limit_kb = sys.argv[1:13]
-length, threads, vocab, rows, repeats, limit_kb = map(int, (length, threads, vocab, rows, repeats, limit_kb))
-flags = sys.argv[13:]
-if limit_kb:  # the address space: an allocation past it fails here, not the kernel's OOM killer elsewhere
-    resource.setrlimit(resource.RLIMIT_AS, (limit_kb * 1024, limit_kb * 1024))
-""" + BUILD_MODEL + r"""
-model.train(mode == "train")
-tokens = torch.randint(d.nspecial, len(d), (rows, length), device=device)
-lengths = torch.full((rows,), length, device=device)
+# the child scripts' measurement: sync(), and measure(call, repeats): a first call (timed alone: a compile shows
+# there), then REPEATS timed calls, each with its peak extra memory (the GPU's allocated memory beyond what is
+# allocated before the call, or the resident memory's peak beyond the resident size before it); (first, times, peak).
+# A child that runs several measurements in one process sets trim_heap: glibc's free heap is handed back to the system
+# (malloc_trim) before each call, or a call could reuse the resident pages that an earlier one freed and show no peak
+MEASURE = r"""
+import ctypes
 def sync():
     if device == "cuda":
         torch.cuda.synchronize()
@@ -766,6 +823,49 @@ def rss_kb(field):
     for line in open("/proc/self/status"):
         if line.startswith(field):
             return int(line.split()[1])
+def timed(call):
+    sync()
+    start = time.perf_counter()
+    call()
+    sync()
+    return time.perf_counter() - start
+def measure(call, repeats):
+    first = timed(call)
+    times, peaks = [], []
+    for _ in range(repeats):
+        gc.collect()
+        if trim_heap:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        if device == "cuda":  # the GPU's peak allocated memory beyond what is allocated now (model, gradients, input)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            times.append(timed(call))
+            peaks.append((torch.cuda.max_memory_allocated() - base) // 1024)
+        else:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # reset the peak (VmHWM) to the current resident size
+            base = rss_kb("VmRSS:")
+            times.append(timed(call))
+            peaks.append(rss_kb("VmHWM:") - base)
+    return first, times, max(peaks)
+"""
+
+# one encoder pass of T-token sentences, stock fairseq or the plugin: MODE "eval" (model.eval(), torch.no_grad(),
+# as fairseq-generate, validation and fairseq-eval-lm run it) or "train" (train mode, forward and backward);
+# measured by MEASURE
+LONG_CHILD = r"""
+import argparse, gc, resource, sys, time
+kind, repo, arch, length, threads, vocab, rows, device, dtype, mode, repeats, limit_kb = sys.argv[1:13]
+length, threads, vocab, rows, repeats, limit_kb = map(int, (length, threads, vocab, rows, repeats, limit_kb))
+flags = sys.argv[13:]
+if limit_kb:  # the address space: an allocation past it fails here, not the kernel's OOM killer elsewhere
+    resource.setrlimit(resource.RLIMIT_AS, (limit_kb * 1024, limit_kb * 1024))
+trim_heap = False  # one measurement per process
+""" + BUILD_MODEL + MEASURE + r"""
+model.train(mode == "train")
+tokens = torch.randint(d.nspecial, len(d), (rows, length), device=device)
+lengths = torch.full((rows,), length, device=device)
 def call():
     if mode == "eval":
         with torch.no_grad():
@@ -776,31 +876,10 @@ def call():
         out.float().square().mean().backward()
     assert out.shape[:2] == (length, rows)
     return out.shape
-def timed():
-    sync()
-    start = time.perf_counter()
-    call()
-    sync()
-    return time.perf_counter() - start
-first = timed()
+first, times, peak = measure(call, repeats)
 print("FIRST_S", repr(first), flush=True)
-times, peaks = [], []
-for _ in range(repeats):
-    gc.collect()
-    if device == "cuda":  # the GPU's peak allocated memory beyond what is allocated now (model, gradients, input)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        times.append(timed())
-        peaks.append((torch.cuda.max_memory_allocated() - base) // 1024)
-    else:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset the peak (VmHWM) to the current resident size
-        base = rss_kb("VmRSS:")
-        times.append(timed())
-        peaks.append(rss_kb("VmHWM:") - base)
 print("TIMES_S", " ".join(repr(t) for t in times), flush=True)
-print("PEAK_EXTRA_KB", max(peaks), flush=True)
+print("PEAK_EXTRA_KB", peak, flush=True)
 print("THREADS", torch.get_num_threads(), flush=True)
 print("PLUGIN_LOADED", int("fairseq_pe" in sys.modules), flush=True)
 """
@@ -993,7 +1072,8 @@ def long_summary(results):
                    lambda name, key, t: f"{name} {key} {t['ratio']:.2f}×", "targets: none apply to these lengths")
 
 
-def long_plot(args, results, path):
+def long_plot(args, results, path, tables=None, title=None):
+    """Bars of the ratios, one panel per table of ``tables`` (default :func:`long_columns`), targets marked."""
     import logging
 
     import matplotlib
@@ -1004,7 +1084,7 @@ def long_plot(args, results, path):
     from matplotlib.patches import Patch
 
     names = [n for n in results if n != STOCK]
-    panels = [(title.split(":")[0].split(" (")[0], columns) for title, columns in long_columns(args)]
+    panels = [(head.split(":")[0].split(" (")[0], columns) for head, columns in (tables or long_columns(args))]
     fig, axes = plt.subplots(len(panels), 1, figsize=(max(8.0, 0.7 * len(names) + 3) + 3, 3.4 * len(panels)),
                              squeeze=False)
     set2 = plt.get_cmap("tab20")
@@ -1030,7 +1110,7 @@ def long_plot(args, results, path):
         ax.set_ylim(0, min(top, 50) * 1.3)
         ax.set_xticks(x)
         ax.set_xticklabels(names, rotation=30, ha="right")
-    fig.suptitle(f"{args.arch} vs stock {args.stock_arch}, long context ({precision_label(args)}, "
+    fig.suptitle(f"{args.arch} vs stock {args.stock_arch}, {title or 'long context'} ({precision_label(args)}, "
                  f"{args.threads} CPU threads)")
     fig.tight_layout(rect=(0, 0, 1, 0.98))
     savefig(fig, path, dpi=100)
@@ -1104,6 +1184,285 @@ def long_benchmark(args, systems, env, outputs):
                          f"{settings}\n\n{tables}\n\n{absolute}\n\n{line}", progress)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Language models (issue 42, --lm): stock fairseq's transformer_lm against the plugin's transformer_lm_pe of the same
+# size, a training step at L and fairseq-eval-lm's work per sample at 4L and 16L
+
+#: the same size of language model, stock and plugin: --size -> (stock arch, stock flags, plugin arch)
+#: (stock "transformer_lm" is post-norm, its dataclass's default; the plugin's "transformer_lm_pe" is fairseq's
+#: base_lm_architecture, pre-norm, as fairseq's named LM architectures: stock gets --decoder-normalize-before; its
+#: dataclass's --decoder-input-dim and --decoder-output-dim are 512 whatever the embedding dimension)
+LM_TINY_FLAGS = ["--decoder-layers", "2", "--decoder-embed-dim", "64", "--decoder-ffn-embed-dim", "256",
+                 "--decoder-attention-heads", "4", "--decoder-normalize-before", "--decoder-input-dim", "64",
+                 "--decoder-output-dim", "64"]
+LM_SIZES = {
+    # 6 layers, 512 dims, 8 heads, FFN 2048
+    "base": ("transformer_lm", ["--decoder-normalize-before"], "transformer_lm_pe"),
+    "gpt2-small": ("transformer_lm_gpt2_small", [], "transformer_lm_pe_gpt2_small"),
+    "tiny": ("transformer_lm", LM_TINY_FLAGS, "transformer_lm_pe_tiny"),  # tests and smoke runs
+}
+#: what must be equal for stock and plugin language models (after the architecture functions)
+LM_SIZE_KEYS = ["decoder_layers", "decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_attention_heads",
+                "decoder_normalize_before", "decoder_input_dim", "decoder_output_dim", "activation_fn",
+                "share_decoder_input_output_embed", "adaptive_input", "adaptive_softmax_cutoff", "dropout",
+                "attention_dropout", "activation_dropout"]
+#: model flags of every language model, stock and plugin (tied input and output embeddings, no dropout)
+LM_MODEL_FLAGS = ["--share-decoder-input-output-embed", "--dropout", "0", "--attention-dropout", "0",
+                  "--activation-dropout", "0"]
+LM_LENGTH = 512
+LM_MULTIPLES = [4, 16]
+#: the multiple of L whose evaluation the targets judge
+LM_TARGET_MULTIPLE = 16
+
+#: the language model's targets, ratios to stock at most (systems matched in order, the first group that matches):
+#: the training step as the translation benchmark's training time (TARGETS), the evaluation at 16L as the encoder's
+#: long-context evaluation (LONG_TARGETS: memory <= 1.10x, FLOATER's biases 2.5x; time <= 1.3x for the biases read
+#: in place)
+LM_TARGETS = [
+    {"group": "none + every APE", "systems": ["none", "ape-*"], "train_s": 1.02, "eval_mem": 1.10},
+    {"group": "FLOATER input and all blocks", "systems": ["floater", "floater-input"], "train_s": 1.08,
+     "eval_mem": 1.10},
+    {"group": "ALiBi, T5, KERPLE, Sandwich, FIRE", "systems": ["alibi", "t5", "kerple-*", "sandwich*", "fire*"],
+     "train_s": 1.08, "eval_mem": 1.10, "eval_s": 1.3},
+    {"group": "RoPE, xPos", "systems": ["rope", "rope-random", "xpos"], "train_s": 1.08, "eval_mem": 1.10},
+    {"group": "Shaw, NEZHA, learnable-sin RPE", "systems": ["rpe-*"], "train_s": 1.20, "eval_mem": 1.10},
+    {"group": "FLOATER Q/K/V biases", "systems": ["floater-bias", "floater-warm"], "train_s": 1.15,
+     "eval_mem": 2.5},
+]
+LM_TARGET_LABELS = {"train_s": "train step", "eval_mem": f"eval mem at {LM_TARGET_MULTIPLE}L",
+                    "eval_s": f"eval time at {LM_TARGET_MULTIPLE}L"}
+
+# one process per system: the language model (stock-lm or plugin-lm) built for the longest evaluation, then each
+# measurement of PLAN ("train:512,eval:2048,eval:8192"), each by MEASURE: "train", a training step of BATCH sequences
+# of T tokens (train mode; fairseq's cross_entropy criterion's loss: the summed NLL of the log-probabilities; forward
+# and backward; the gradients dropped after it, as fairseq's zero_grad does); "eval", what fairseq-eval-lm does per
+# sample (its SequenceScorer): one sequence of T tokens in eval mode under no_grad, the decoder's log-probabilities
+# over the vocabulary and the targets' picked out.  A measurement that fails (out of memory) prints FAILED and the
+# others go on.
+LM_CHILD = r"""
+import argparse, gc, sys, time
+kind, repo, arch, length, threads, vocab, device, dtype, repeats, batch, plan = sys.argv[1:12]
+length, threads, vocab, repeats, batch = map(int, (length, threads, vocab, repeats, batch))
+flags = sys.argv[12:]
+trim_heap = True  # several measurements in this process: what one freed is handed back before the next
+""" + BUILD_MODEL + MEASURE + r"""
+import torch.nn.functional as F
+def measurement(mode, t):
+    rows = batch if mode == "train" else 1
+    tokens = torch.randint(d.nspecial, len(d), (rows, t), device=device)
+    target = tokens.roll(-1, dims=1)
+    model.train(mode == "train")
+    def call():
+        if mode == "train":
+            lprobs = model.get_normalized_probs(model(tokens), log_probs=True)
+            loss = F.nll_loss(lprobs.view(-1, lprobs.size(-1)), target.view(-1), reduction="sum")
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+        else:
+            with torch.no_grad():
+                out = model.get_normalized_probs(model(tokens), log_probs=True).gather(-1, target.unsqueeze(-1))
+            assert not out.requires_grad and out.shape == (rows, t, 1)
+    return call
+for item in plan.split(","):
+    mode, t = item.split(":")
+    try:
+        first, times, peak = measure(measurement(mode, int(t)), repeats)
+    except (RuntimeError, MemoryError) as e:
+        print("FAILED", item, (str(e).strip().splitlines() or [type(e).__name__])[0], flush=True)
+        continue
+    finally:
+        gc.collect()
+    print("RESULT", item, repr(first), peak, " ".join(repr(x) for x in times), flush=True)
+print("THREADS", torch.get_num_threads(), flush=True)
+print("PLUGIN_LOADED", int("fairseq_pe" in sys.modules), flush=True)
+"""
+
+
+def lm_target_group(name):
+    return target_group(name, LM_TARGETS)
+
+
+def lm_lengths(args):
+    """The measurements of --lm: [(mode, T)], the training step at L then the evaluations at each multiple."""
+    return [("train", args.lm_length)] + [("eval", m * args.lm_length) for m in args.lm_multiples]
+
+
+def lm_system_flags(args, name):
+    """A plugin system's flags for --lm: randomised positions draw from [0, L') with L' past the longest evaluation
+    (16L + 8, as the child's --max-target-positions), since a sequence then has at most 16L tokens."""
+    flags = list(SYSTEMS[name])
+    if "--pe-random-positions" in flags:
+        flags[flags.index("--pe-random-positions") + 1] = str(max(t for _, t in lm_lengths(args)) + 8)
+    return flags
+
+
+def lm_command(args, name):
+    """The argv (after the interpreter and ``-c LM_CHILD``) of one system's measurements."""
+    stock = name == STOCK
+    plan = ",".join(f"{mode}:{t}" for mode, t in lm_lengths(args))
+    return ["stock-lm" if stock else "plugin-lm", REPO, args.stock_arch if stock else args.arch,
+            str(max(t for _, t in lm_lengths(args))), str(args.threads), str(args.vocab), args.device,
+            model_dtype(args), str(args.repeats), str(args.lm_batch), plan,
+            *(args.stock_flags_list if stock else lm_system_flags(args, name)), *LM_MODEL_FLAGS]
+
+
+def lm_measure(args, name, env, progress):
+    """One system's measurements in a fresh process: {"train T=512": {"mem_kb", "first_s", "best_s", "times_s"},
+    "eval T=2048": ...} and the errors of those that failed (the process's own failure fails those not reported)."""
+    cmd = lm_command(args, name)
+    what = f"{name}: language model"
+    start = time.time()
+    child_env = dict(env, MALLOC_MMAP_THRESHOLD_=str(64 * 1024))  # the resident size follows the live tensors
+    proc = subprocess.run([sys.executable, "-c", LM_CHILD, *cmd], capture_output=True, text=True, env=child_env)
+    out = proc.stdout + proc.stderr
+    if proc.returncode not in (0, -9):  # not a measurement out of memory (those print FAILED, or the kernel kills)
+        raise MeasurementFailed(f"{what} failed (exit status {proc.returncode}):\n{out[-4000:]}")
+    runs, errors = {}, {}
+    for mode, t in lm_lengths(args):
+        key = run_key(mode, t, None)
+        m = re.search(rf"^RESULT {mode}:{t} (\S+) (-?\d+) ([^\n]+)$", proc.stdout, re.M)
+        failed = re.search(rf"^FAILED {mode}:{t} ([^\n]*)$", proc.stdout, re.M)
+        if m:
+            times = [float(x) for x in m.group(3).split()]
+            runs[key] = {"mem_kb": int(m.group(2)), "first_s": float(m.group(1)), "best_s": min(times),
+                         "times_s": times}
+        else:
+            runs[key] = None
+            errors[key] = (failed.group(1) if failed else
+                           f"{what} failed (exit status {proc.returncode}"
+                           f"{', killed: out of memory?' if proc.returncode == -9 else ''}):\n...{out[-2000:]}")
+    if proc.returncode == 0:
+        check_plugin(name, out, what)
+        if found(r"THREADS (\d+)", out, what, int) != args.threads:
+            raise SystemExit(f"benchmark_positions.py: {what}: torch did not use {args.threads} threads")
+    summary_ = "; ".join(f"{key}: " + ("FAILED" if r is None else f"{r['mem_kb'] / 1024:.1f} MiB, best "
+                                       f"{r['best_s']:.3f} s") for key, r in runs.items())
+    log(f"{name}: {summary_} ({progress.record(name, 'lm', time.time() - start)})")
+    return runs, errors, cmd
+
+
+def lm_ratio_keys(args):
+    """[(ratio key, run key, field)] of the table: the training step's time and memory, then each evaluation's."""
+    keys = [("train_s", run_key("train", args.lm_length, None), "best_s"),
+            ("train_mem", run_key("train", args.lm_length, None), "mem_kb")]
+    for m in args.lm_multiples:
+        keys += [(f"eval_s_{m}L", run_key("eval", m * args.lm_length, None), "best_s"),
+                 (f"eval_mem_{m}L", run_key("eval", m * args.lm_length, None), "mem_kb")]
+    return keys
+
+
+def lm_ratios(args, results):
+    """Ratios to stock (the same measurement), and the targets of each system's group (judged as printed)."""
+    base = results[STOCK]["runs"]
+    for name, r in results.items():
+        r["ratios"] = {key: ratio_of(r["runs"][run] and r["runs"][run][field], base[run] and base[run][field])
+                       for key, run, field in lm_ratio_keys(args)}
+        group = None if name == STOCK else lm_target_group(name)
+        r["target_group"] = group["group"] if group else None
+        r["targets"] = {}
+        for target_key, key in (("train_s", "train_s"), ("eval_mem", f"eval_mem_{LM_TARGET_MULTIPLE}L"),
+                                ("eval_s", f"eval_s_{LM_TARGET_MULTIPLE}L")):
+            if group is None or target_key not in group or key not in r["ratios"]:
+                continue
+            value = r["ratios"][key]
+            r["targets"][key] = {"target": group[target_key], "ratio": value,
+                                 "met": None if value is None else round(value, 2) <= group[target_key]}
+
+
+def lm_columns(args):
+    """The tables of --lm: [(title, [(header, ratio key, the runs whose failure fails the cell)])]."""
+    length = args.lm_length
+    train = [(f"train step time L={length}", "train_s", [run_key("train", length, None)]),
+             (f"train step mem L={length}", "train_mem", [run_key("train", length, None)])]
+    evals = []
+    for m in args.lm_multiples:
+        run = [run_key("eval", m * length, None)]
+        evals += [(f"eval time {m}L={m * length}", f"eval_s_{m}L", run), (f"eval mem {m}L={m * length}",
+                                                                            f"eval_mem_{m}L", run)]
+    return [(f"Training step ({args.lm_batch} sequences of L={length} tokens, forward and backward), ratios to stock",
+             train),
+            ("fairseq-eval-lm's work per sample (one sequence, eval, no_grad, log-probabilities), ratios to stock",
+             evals)]
+
+
+def lm_report(args, results):
+    columns = [c for _, cols in lm_columns(args) for c in cols]
+    head = ["system"] + [c[0] for c in columns] + ["targets met"]
+    rows = []
+    for name, r in results.items():
+        checked = [t for t in r["targets"].values() if t["met"] is not None]
+        met = f"{sum(t['met'] for t in checked)}/{len(checked)}" if checked else ""
+        rows.append([name] + [cell(r, key, any(run in r["errors"] for run in runs)) for _, key, runs in columns]
+                    + [met])
+    table = "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                      + ["| " + " | ".join(row) + " |" for row in rows])
+    absolute = f"{STOCK} ({args.stock_arch}{' ' + args.stock_flags if args.stock_flags else ''}): " + "; ".join(
+        f"{key}: " + ("failed" if m is None else f"{m['mem_kb'] / 1024:.1f} MiB, {m['best_s']:.3f} s (first call "
+                                                 f"{m['first_s']:.3f} s)")
+        for key, m in results[STOCK]["runs"].items())
+    targets = ["| group | systems | " + " | ".join(LM_TARGET_LABELS.values()) + " |", "|---|---|---|---|---|"]
+    for g in LM_TARGETS:
+        targets.append(f"| {g['group']} | {', '.join(g['systems'])} | "
+                       + " | ".join(f"≤{g[k]:.2f}" if k in g else "" for k in LM_TARGET_LABELS) + " |")
+    return table, absolute, "\n".join(targets)
+
+
+def lm_benchmark(args):
+    outputs = [os.path.join(args.out, f"benchmark-lm.{ext}") for ext in ("md", "json", "png")]
+    check_new_files(outputs, args.force, flag="--out", where=args.out)
+    stock_sizes = model_sizes(False, args.stock_arch, args.stock_flags_list + LM_MODEL_FLAGS, lm=True)
+    plugin_sizes = model_sizes(True, args.arch, LM_MODEL_FLAGS, lm=True)
+    differ = {k: (stock_sizes[k], plugin_sizes[k]) for k in LM_SIZE_KEYS if stock_sizes[k] != plugin_sizes[k]}
+    if differ:
+        raise UserError(f"--stock-arch {args.stock_arch} (--stock-flags {args.stock_flags!r}) and --arch {args.arch} "
+                        f"differ: {', '.join(f'{k} {a} vs {b}' for k, (a, b) in differ.items())}; pick a --size, "
+                        "or make --stock-arch/--stock-flags match --arch")
+    systems = [STOCK] + [s for s in dict.fromkeys(args.systems) if s != STOCK]
+    os.makedirs(args.out, exist_ok=True)
+    threads = str(args.threads)
+    env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONWARNINGS="ignore")
+    progress = Progress([(name, "lm") for name in systems])
+    log(f"language models: {len(systems)} systems ({', '.join(systems)}), one process each; stock {args.stock_arch} "
+        f"vs {args.arch}, L={args.lm_length}, evaluation at {', '.join(f'{m}L' for m in args.lm_multiples)}, "
+        f"{args.threads} threads, {args.repeats} timed calls after the first")
+    machine = {"cpus": os.cpu_count(), "load_before": machine_load()}
+    results = {}
+    for name in systems:
+        runs, errors, cmd = lm_measure(args, name, env, progress)
+        results[name] = {"flags": " ".join(args.stock_flags_list if name == STOCK else lm_system_flags(args, name)),
+                         "command": cmd, "sizes": stock_sizes if name == STOCK else plugin_sizes, "runs": runs,
+                         "errors": errors}
+    machine["load_after"] = machine_load()
+    lm_ratios(args, results)
+    table, absolute, targets = lm_report(args, results)
+    line, totals = summary(results, lambda name, key, r: f"{name} {key}" + (" (failed)" if r["errors"] else ""),
+                           lambda name, key, t: f"{name} {key} {t['ratio']:.2f}× (≤{t['target']:.2f})")
+    stock = f"`{args.stock_arch}`{' ' + args.stock_flags if args.stock_flags else ''}"
+    settings = (f"Language models: stock fairseq {stock}"
+                f" vs the plugin's `{args.arch}`, {args.vocab}-word vocabulary, tied input and output embeddings, "
+                f"dropout 0; {precision_label(args)}, {args.threads} CPU threads; training step: {args.lm_batch} "
+                f"sequences of L={args.lm_length} tokens, train mode, forward and backward of the summed NLL; "
+                f"evaluation: what fairseq-eval-lm does per sample, one sequence of "
+                f"{', '.join(f'{m}L={m * args.lm_length}' for m in args.lm_multiples)} tokens in eval mode under "
+                f"no_grad, the decoder's log-probabilities (both models built with --max-target-positions "
+                f"{max(t for _, t in lm_lengths(args)) + 8}); time: the fastest of {args.repeats} "
+                f"call{'s' if args.repeats > 1 else ''} after a first call; memory: the peak extra "
+                f"{'GPU memory allocated' if args.device == 'cuda' else 'resident memory'} of a call. Ratios to "
+                f"stock (✓/✗: the target of the system's group, below).")
+    text = (f"# Language models: position encodings vs stock fairseq\n\n{settings}\n\n{table}\n\n{absolute}\n\n"
+            f"{line}\n\nTargets (ratios to stock, at most):\n\n{targets}\n")
+    payload = {"settings": {**{k: v for k, v in vars(args).items() if k != "stock_flags_list"},
+                            "model_flags": LM_MODEL_FLAGS, "target_multiple": LM_TARGET_MULTIPLE,
+                            "env": {k: env[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")},
+                            "child_env": {"MALLOC_MMAP_THRESHOLD_": str(64 * 1024)},
+                            "python": sys.version.split()[0], "machine": machine},
+               "baseline": STOCK, "systems": {name: results[name]["flags"] for name in systems},
+               "targets": LM_TARGETS, "results": results, "summary": {"line": line, **totals}}
+    return write_results(outputs, text, payload,
+                         lambda path: long_plot(args, results, path, lm_columns(args), "language models"),
+                         f"{settings}\n\n{table}\n\n{absolute}\n\n{line}", progress)
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="benchmark_positions.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1111,10 +1470,13 @@ def parse_args(argv):
     p.add_argument("--force", action="store_true", help="replace the results of an earlier run in --out")
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=[STOCK] + list(SYSTEMS),
                    help="the plugin systems to measure (default: all); stock is always measured")
-    p.add_argument("--size", choices=list(SIZES), default="wmt",
-                   help="stock transformer_wmt_en_de vs transformer_pe_wmt_en_de (wmt), transformer_iwslt_de_en vs "
-                        "transformer_pe_iwslt_de_en (iwslt), or stock transformer with 2+2 layers, 64 dims, 4 heads, "
-                        "FFN 256 vs transformer_pe_tiny (tiny, for smoke tests)")
+    p.add_argument("--size", choices=list(dict.fromkeys([*SIZES, *LM_SIZES])),
+                   help="stock transformer_wmt_en_de vs transformer_pe_wmt_en_de (wmt, the default), "
+                        "transformer_iwslt_de_en vs transformer_pe_iwslt_de_en (iwslt), or stock transformer with 2+2 "
+                        "layers, 64 dims, 4 heads, FFN 256 vs transformer_pe_tiny (tiny, for smoke tests); with --lm: "
+                        "stock transformer_lm vs transformer_lm_pe (base, the default: 6 layers, 512 dims), "
+                        "transformer_lm_gpt2_small vs transformer_lm_pe_gpt2_small (gpt2-small), or stock "
+                        "transformer_lm with 2 layers, 64 dims, 4 heads, FFN 256 vs transformer_lm_pe_tiny (tiny)")
     p.add_argument("--arch", help="the plugin's architecture (overrides --size)")
     p.add_argument("--stock-arch", help="stock fairseq's architecture (overrides --size)")
     p.add_argument("--stock-flags", metavar="'FLAGS'",
@@ -1166,7 +1528,38 @@ def parse_args(argv):
                        help="the address space of each long measurement's process on the CPU (RLIMIT_AS): a "
                             "measurement that needs more fails alone ('failed') instead of waking the kernel's OOM "
                             "killer on a shared machine (default: none)")
+    lm = p.add_argument_group("language models (issue 42); --lm replaces the measurements above and writes "
+                              "OUT/benchmark-lm.{md,json,png}")
+    lm.add_argument("--lm", action="store_true",
+                    help="stock fairseq's transformer_lm vs the plugin's transformer_lm_pe of the same --size: a "
+                         "training step at L (--lm-length) and fairseq-eval-lm's work per sample at --lm-multiples "
+                         "of L, time and memory as ratios to stock (each system in a fresh process)")
+    lm.add_argument("--lm-length", type=int, default=LM_LENGTH, metavar="L",
+                    help=f"the training length L (--tokens-per-sample; default {LM_LENGTH})")
+    lm.add_argument("--lm-multiples", type=int, nargs="+", default=LM_MULTIPLES, metavar="K",
+                    help="the evaluation lengths, as multiples of L (default "
+                         f"{' '.join(map(str, LM_MULTIPLES))}; the targets judge {LM_TARGET_MULTIPLE}L)")
+    lm.add_argument("--lm-batch", type=int, default=8, help="sequences of L tokens per training step (default 8)")
     args = p.parse_args(argv)
+    defaults = {a.dest: a.default for a in p._actions}
+    lm_given = [f"--{k.replace('_', '-')}" for k in ("lm_length", "lm_multiples", "lm_batch")
+                if getattr(args, k) != defaults[k]]
+    if args.lm:
+        # the options of the other modes measure nothing here: refused, not ignored
+        other = [f"--{k.replace('_', '-')}" for k in ("updates", "max_tokens", "sentences", "gen_sentences", "gen_len",
+                                                      "lengths", "encoder_batch", "encoder_only", "long", "long_train")
+                 if getattr(args, k) != defaults[k]]
+        if other:
+            raise UserError(f"{', '.join(other)}: not an option of --lm (its options: --lm-length, --lm-multiples, "
+                            "--lm-batch, --size, --systems, --repeats, --threads, --vocab, --device, --fp16/--bf16)")
+        for flag in ("lm_length", "lm_batch"):
+            if getattr(args, flag) < 1:
+                raise UserError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+        if min(args.lm_multiples) < 1:
+            raise UserError(f"--lm-multiples must be at least 1, got {min(args.lm_multiples)}")
+        args.lm_multiples = sorted(set(args.lm_multiples))
+    elif lm_given:
+        raise UserError(f"{', '.join(lm_given)}: options of the language-model measurements; add --lm")
     if args.long or args.long_train:
         if args.encoder_only:
             raise UserError("--encoder-only measures the training-mode encoder memory; --long/--long-train measure "
@@ -1205,7 +1598,11 @@ def parse_args(argv):
             raise UserError("--device cuda: this torch sees no CUDA GPU "
                             f"(torch {torch.__version__}, CUDA {torch.version.cuda}); leave --device out for the CPU")
         args.gpu_name = torch.cuda.get_device_name(0)
-    stock_arch, stock_flags, arch = SIZES[args.size]
+    sizes, args.size = (LM_SIZES, args.size or "base") if args.lm else (SIZES, args.size or "wmt")
+    if args.size not in sizes:
+        raise UserError(f"--size {args.size}: {'with' if args.lm else 'without'} --lm, --size takes "
+                        f"{', '.join(sizes)}")
+    stock_arch, stock_flags, arch = sizes[args.size]
     args.arch = args.arch or arch
     args.stock_arch = args.stock_arch or stock_arch
     args.stock_flags_list = shlex.split(args.stock_flags) if args.stock_flags is not None else list(stock_flags)
@@ -1226,6 +1623,8 @@ def main(argv=None):
 
 def benchmark(argv):
     args = parse_args(argv)
+    if args.lm:
+        return lm_benchmark(args)
     long_mode = args.long or args.long_train
     outputs = [os.path.join(args.out, f"benchmark{'-long' if long_mode else ''}.{ext}")
                for ext in ("md", "json", "png")]

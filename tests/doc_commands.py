@@ -41,7 +41,7 @@ FOREIGN = {"pip": "installs packages", "python -m pip": "installs packages", "rs
            "cd": "shell builtin"}
 #: the parser factory in fairseq.options of each fairseq console script
 FAIRSEQ_PARSERS = {"fairseq-train": "get_training_parser", "fairseq-generate": "get_generation_parser",
-                   "fairseq-interactive": "get_interactive_parser", "fairseq-validate": "get_validation_parser",
+                   "fairseq-interactive": "get_generation_parser", "fairseq-validate": "get_validation_parser",
                    "fairseq-eval-lm": "get_eval_lm_parser", "fairseq-preprocess": "get_preprocessing_parser"}
 LAUNCHERS = {"torchrun"}  # run a program given after their own options
 #: environment variables that reach a tool as flags (scripts/recipes/s2l-cpu-*.sh: SYSTEMS, SEEDS)
@@ -376,7 +376,8 @@ def parse_fairseq(program: str, args: List[str], lenient: bool):
         importlib.import_module("fairseq_pe")  # registered whatever ran before: see check_fairseq
         from fairseq import options
 
-        parser = getattr(options, FAIRSEQ_PARSERS[program])()
+        factory = getattr(options, FAIRSEQ_PARSERS[program])
+        parser = factory(interactive=True) if program == "fairseq-interactive" else factory()
     if lenient:
         _relax(parser)
     if program == "fairseq-preprocess":

@@ -43,6 +43,11 @@ FRESH_SUBSET = {
         "test_squad.py::test_end_to_end_pretrain_128_finetune_and_predict_longer[v1.1-ape-learned]"],
     "fairseq-pe-squad-predict": [
         "test_squad.py::test_end_to_end_pretrain_128_finetune_and_predict_longer[v1.1-ape-learned]"],
+    "fairseq-pe-prepare-wikitext": ["test_data_prep_lm.py::test_prepare_wikitext_downloads_and_binarises_word_level",
+                                    "test_data_prep_lm.py::test_prepare_wikitext_on_the_wikitext2_raw_files"],
+    "fairseq-pe-lm-lengths": ["test_lm_tools.py::test_stock_model_that_skips_samples_is_an_error"],
+    "fairseq-interactive": ["test_lm.py::test_interactive_and_the_hub_generate_from_a_trained_model"],
+    "fairseq-eval-lm": ["test_lm_tools.py::test_stock_model_that_skips_samples_is_an_error"],
 }
 #: the modules that run their commands both ways themselves
 BOTH_WAYS = ("test_cli_server.py",)

@@ -316,3 +316,112 @@ def test_benchmark_long_context_arguments_on_cuda(monkeypatch):
                         (["--long-train", "--device", "cuda", "--memory-limit", "4"], "--memory-limit")):
         with pytest.raises(UserError, match=named):
             bench.parse_args(argv + ["--size", "tiny"])
+
+
+def test_benchmark_language_models_end_to_end(tmp_path):
+    """--lm: stock transformer_lm and transformer_lm_pe of the same size, each in a fresh process (stock without the
+    plugin): a training step at L and one fairseq-eval-lm sample at 2L and 4L; the table's ratios are the JSON's
+    figures over stock's, with the group's target at 16L judged only where 16L is measured."""
+    out = tmp_path / "lm"
+    cmd = [sys.executable, BENCHMARK, "--out", str(out), "--lm", "--size", "tiny", "--systems", "alibi",
+           "--lm-length", "16", "--lm-multiples", "4", "2", "--lm-batch", "2", "--threads", "1", "--repeats", "2",
+           "--vocab", "50"]
+    proc = cli(*cmd, check=False)  # the script from the tests' fork server; its measurements in fresh processes
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (out / "benchmark-lm.png").read_bytes()[:4] == b"\x89PNG" and not (out / "benchmark.md").exists()
+    data = json.loads((out / "benchmark-lm.json").read_text())
+    res = data["results"]
+    assert list(res) == ["stock", "alibi"] and data["settings"]["lm_multiples"] == [2, 4]
+    assert data["settings"]["arch"] == "transformer_lm_pe_tiny" and data["settings"]["stock_arch"] == "transformer_lm"
+    # the same model: sizes after the architecture functions (stock's dataclass defaults filled in as fairseq does)
+    assert res["stock"]["sizes"] == res["alibi"]["sizes"]
+    assert res["stock"]["sizes"]["decoder_layers"] == 2 and res["stock"]["sizes"]["decoder_input_dim"] == 64
+    assert res["stock"]["command"][0] == "stock-lm" and res["alibi"]["command"][0] == "plugin-lm"
+    assert "--pe-relative" not in res["stock"]["command"]
+    assert res["alibi"]["flags"] == "--pe-absolute none --pe-relative alibi"
+    assert res["alibi"]["command"][10] == "train:16,eval:32,eval:64"
+    for r in res.values():
+        assert r["errors"] == {} and set(r["runs"]) == {"train T=16", "eval T=32", "eval T=64"}
+        for m in r["runs"].values():
+            assert len(m["times_s"]) == 2 and m["best_s"] == min(m["times_s"]) > 0 and m["first_s"] > 0
+    ratios = res["alibi"]["ratios"]
+
+    def ratio(run, field):
+        base = res["stock"]["runs"][run][field]
+        return None if base <= 0 else res["alibi"]["runs"][run][field] / base
+
+    assert ratios["train_s"] == ratio("train T=16", "best_s") and ratios["train_mem"] == ratio("train T=16", "mem_kb")
+    assert ratios["eval_s_4L"] == ratio("eval T=64", "best_s") and ratios["eval_mem_2L"] == ratio("eval T=32", "mem_kb")
+    # ALiBi's group: the training step's target only (its evaluation targets are at 16L, not measured here)
+    assert list(res["alibi"]["targets"]) == ["train_s"] and res["alibi"]["targets"]["train_s"]["target"] == 1.08
+    md = (out / "benchmark-lm.md").read_text()
+    assert cells(md, "system") == ["system", "train step time L=16", "train step mem L=16", "eval time 2L=32",
+                                   "eval mem 2L=32", "eval time 4L=64", "eval mem 4L=64", "targets met"]
+    row = cells(md, "alibi")
+    met = res["alibi"]["targets"]["train_s"]["met"]
+    assert row[1] == f"{ratios['train_s']:.2f}× " + ("✓" if met else "✗ (≤1.08)")
+    assert row[5] == ("n/a" if ratios["eval_s_4L"] is None else f"{ratios['eval_s_4L']:.2f}×")
+    assert data["summary"]["line"] in md and data["summary"]["line"] in proc.stdout
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("[benchmark ")]
+    assert any("alibi: train T=16:" in line and "(2/2 done" in line for line in progress)
+
+
+def test_benchmark_language_model_targets_failures_and_arguments(monkeypatch):
+    """--lm's targets (training step; evaluation memory and, for the biases, time at 16L) judged on the ratio as
+    printed; a failed measurement (out of memory) is "failed" and not measured; a whole child that fails is an error;
+    options of the other modes with --lm, --lm-* without it, a translation --size with it: one line naming them."""
+    import pytest
+
+    from fairseq_pe.errors import UserError
+
+    bench = load_script("benchmark_positions")
+    args = bench.parse_args(["--lm", "--size", "tiny", "--lm-length", "8"])
+    assert args.lm_multiples == [4, 16] and args.arch == "transformer_lm_pe_tiny" and args.size == "tiny"
+    assert bench.parse_args(["--lm"]).arch == "transformer_lm_pe"
+    assert bench.parse_args([]).arch == "transformer_pe_wmt_en_de"
+    # randomised positions reach past the longest evaluation (16L), the length the models are built for
+    assert bench.lm_system_flags(args, "rope-random")[-1] == str(16 * 8 + 8)
+    assert bench.lm_command(args, "stock")[3] == str(16 * 8) and "--user-dir" not in bench.lm_command(args, "stock")
+
+    def runs(train, mem16, s16, failed=()):
+        figures = {"train T=8": (train, 1000), "eval T=32": (1.0, 100), "eval T=128": (s16, mem16)}
+        return {"flags": "", "errors": {k: "out of memory" for k in failed},
+                "runs": {k: None if k in failed else {"best_s": s, "mem_kb": m, "first_s": s, "times_s": [s]}
+                         for k, (s, m) in figures.items()}}
+
+    results = {"stock": runs(1.0, 1000, 1.0), "alibi": runs(1.084, 1050, 1.31), "ape-sinusoidal": runs(1.0, 1000, 1.0),
+               "floater-bias": runs(1.1, 2400, 9.0), "rope": runs(1.0, 1000, 1.0, failed=("eval T=128",))}
+    bench.lm_ratios(args, results)
+    assert results["alibi"]["targets"] == {
+        "train_s": {"target": 1.08, "ratio": 1.084, "met": True},  # judged as printed: 1.08×
+        "eval_mem_16L": {"target": 1.10, "ratio": 1.05, "met": True},
+        "eval_s_16L": {"target": 1.3, "ratio": 1.31, "met": False}}
+    assert results["floater-bias"]["targets"]["eval_mem_16L"] == {"target": 2.5, "ratio": 2.4, "met": True}
+    assert "eval_s_16L" not in results["floater-bias"]["targets"]  # no time target outside the biases read in place
+    assert results["rope"]["targets"]["eval_mem_16L"]["met"] is None and results["stock"]["targets"] == {}
+    table, absolute, targets = bench.lm_report(args, results)
+    assert cells(table, "alibi")[1:] == ["1.08× ✓", "1.00×", "1.00×", "1.00×", "1.31× ✗ (≤1.30)", "1.05× ✓",
+                                         "2/3"]
+    assert cells(table, "rope")[5:7] == ["failed", "failed"]
+    assert "eval T=128: 1.0 MiB, 1.000 s" in absolute
+    assert "| FLOATER Q/K/V biases | floater-bias, floater-warm | ≤1.15 | ≤2.50 |  |" in targets
+    for argv, named in ((["--lm", "--updates", "3"], "--updates"), (["--lm", "--long"], "--long"),
+                        (["--lm-length", "64"], "--lm-length"), (["--lm", "--size", "wmt"], "--size wmt"),
+                        (["--size", "base"], "--size base"), (["--lm", "--lm-multiples", "0"], "--lm-multiples"),
+                        (["--lm", "--lm-batch", "0"], "--lm-batch")):
+        with pytest.raises(UserError, match=named):
+            bench.parse_args(argv)
+    # a child killed (out of memory) after its training step: the step counts, the evaluations failed; a child that
+    # fails otherwise (a bug, a bad flag) stops the benchmark with its output
+    stdout = "RESULT train:8 0.5 1000 0.25 0.2\n"
+    progress = bench.Progress([("rope", "lm")] * 2)
+    for code in (-9, 1):
+        monkeypatch.setattr(bench.subprocess, "run",
+                            lambda *a, **k: subprocess.CompletedProcess(a, code, stdout, "boom"))
+        if code == -9:
+            measured, errors, _ = bench.lm_measure(args, "rope", {}, progress)
+            assert measured["train T=8"] == {"mem_kb": 1000, "first_s": 0.5, "best_s": 0.2, "times_s": [0.25, 0.2]}
+            assert measured["eval T=32"] is None and "killed: out of memory?" in errors["eval T=128"]
+        else:
+            with pytest.raises(bench.MeasurementFailed, match="rope: language model failed .exit status 1"):
+                bench.lm_measure(args, "rope", {}, progress)

@@ -53,7 +53,8 @@ def test_every_fix_has_a_version_guard_and_is_named_once_in_one_log_line(caplog)
         assert module.FIXES_FAIRSEQ == ("0.12.",) and callable(module.apply) and module.SUMMARY
     assert compat.applied == [compat.fix_name(m) for m in compat.FIXES]
     assert {compat.fix_name(m) for m in compat.FIXES if m.CHANGES_STOCK} == {
-        "checkpoint_loading", "batch_by_size", "size_errors", "distributed_cpu", "bf16_without_tpu", "exact_resume"}
+        "checkpoint_loading", "batch_by_size", "size_errors", "distributed_cpu", "bf16_without_tpu", "exact_resume",
+        "numpy2_eos_blocks"}
     with caplog.at_level(logging.INFO, logger="fairseq_pe"):
         compat.apply()  # applied once per process: nothing again, no second line
     assert not caplog.records
@@ -217,3 +218,20 @@ def test_fairseq_checkpoint_loader_accepts_argparse_namespace(tmp_path):
             torch.load(path)
         with pytest.raises(Exception, match="Unsupported global: GLOBAL argparse.Namespace"):
             checkpoint_utils.load_checkpoint_to_cpu.__wrapped__(str(path))  # stock fairseq on this torch
+
+
+def test_break_mode_eos_blocks_are_the_sentences_on_numpy_2():
+    """issue 42: fairseq's break mode eos used np.compat.long (gone in numpy 2): language-model generation stopped."""
+    from fairseq.data import TokenBlockDataset
+
+    sizes = np.array([3, 5, 2])
+    stock = TokenBlockDataset._build_slice_indices.__wrapped__
+    if not hasattr(np, "compat"):
+        with pytest.raises(AttributeError, match="compat"):
+            stock(sizes, "eos", 1, None)
+    block_sizes, to_dataset, slices = TokenBlockDataset._build_slice_indices(sizes, "eos", 1, None)
+    assert block_sizes.tolist() == [3, 5, 2]
+    assert to_dataset.tolist() == [[0, 0, 0], [1, 0, 1], [2, 0, 2]] and to_dataset.dtype == np.int64
+    assert slices.tolist() == [[0, 3], [3, 8], [8, 10]]
+    none_mode = TokenBlockDataset._build_slice_indices(sizes, "none", 1, 4)
+    assert [a.tolist() for a in none_mode] == [a.tolist() for a in stock(sizes, "none", 1, 4)]

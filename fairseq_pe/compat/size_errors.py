@@ -1,9 +1,10 @@
 """Fix 3: a sentence longer than the model's or the task's limit is a one-line user error naming the option.
 
 ``FairseqTask.filter_indices_by_size`` raises a bare ``Exception("Size of sample ...")`` (``fairseq-generate``) or
-skips the pairs with one line (training).  The refusal becomes a :class:`~fairseq_pe.errors.UserError` naming the
+skips the pairs with one line (training, ``fairseq-eval-lm``).  The refusal becomes a :class:`~fairseq_pe.errors.UserError` naming the
 option that sets the limit (a :class:`~fairseq_pe.positional.injector.PositionLimit` carries it); a training that
-skips pairs because of the plugin's option says how many, once.
+skips pairs because of the plugin's option says how many, once; where the limit says ``refuse`` (a language model in
+evaluation), skipping is refused by name.
 
 Extension point: none; the stock tasks (``translation``, ``masked_lm``) inherit the method (a wrapper, once).
 """
@@ -22,9 +23,9 @@ SUMMARY = "filter_indices_by_size: a too long sentence is a one-line user error 
 
 
 def _binding_limit(max_positions):
-    """``(limit, why)`` of the smallest of fairseq's ``max_positions`` (an int, a tuple of ints, or a dict of them)
+    """The smallest of fairseq's ``max_positions`` (an int, a tuple of ints, or a dict of them)
     when it is the model's and names the option that sets it (a
-    :class:`~fairseq_pe.positional.injector.PositionLimit`); else None (the task's limit binds)."""
+    :class:`~fairseq_pe.positional.injector.PositionLimit`, with its ``why``); else None (the task's limit binds)."""
     values = max_positions.values() if isinstance(max_positions, dict) else (
         max_positions if isinstance(max_positions, (tuple, list)) else [max_positions])
     flat = []
@@ -35,7 +36,7 @@ def _binding_limit(max_positions):
     if not named:
         return None
     smallest = min(named)
-    return (int(smallest), smallest.why) if all(smallest <= v for v in flat) else None
+    return smallest if all(smallest <= v for v in flat) else None
 
 
 def _size_errors_named(filter_indices_by_size):
@@ -51,16 +52,20 @@ def _size_errors_named(filter_indices_by_size):
             if type(e) is not Exception or not str(e).startswith("Size of sample"):
                 raise
             if limit:
-                raise UserError(f"{e}. The model's limit, {limit[0]}, is {limit[1]}") from e
+                raise UserError(f"{e}. The model's limit, {int(limit)}, is {limit.why}") from e
             raise UserError(f"{e}. The limit is the smaller of the task's --max-source-positions/"
                             "--max-target-positions and the model's; raise the task's limits") from e
         dropped = len(indices) - len(kept)
+        if dropped and limit and limit.refuse:
+            raise UserError(f"{dropped:,} of {len(indices):,} samples are longer than the model's limit, {int(limit)} "
+                            f"tokens, and would be skipped, leaving a score over part of the data: {limit.fix} (the "
+                            f"limit is {limit.why})")
         if dropped and limit:
             import logging
 
             logging.getLogger("fairseq_pe").warning(
-                f"{dropped:,} of {len(indices):,} examples are longer than the model's limit, {limit[0]} tokens, and "
-                f"are skipped: the limit is {limit[1]}")
+                f"{dropped:,} of {len(indices):,} examples are longer than the model's limit, {int(limit)} tokens, "
+                f"and are skipped: the limit is {limit.why}")
         return kept
 
     wrapper._fairseq_pe_patched = True

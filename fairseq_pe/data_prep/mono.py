@@ -1,24 +1,35 @@
 """Raw English text -> sentencepiece -> ``fairseq-preprocess --only-source``: data for masked-LM
-pretraining (``fairseq-train --task masked_lm --arch roberta_pe_*``).
+pretraining (``fairseq-train --task masked_lm --arch roberta_pe_*``) and for language models
+(``--task language_modeling --arch transformer_lm_pe_*``, with ``--split documents``).
 
     fairseq-pe-prepare-mono --input ../shared/data/mono/en --destdir data-bin/mono_en --vocab-size 8000
+    fairseq-pe-prepare-mono --input ../shared/data/mono/en --destdir data-bin/lm_en --vocab-size 8000 \
+        --split documents --valid-percent 2 --test-percent 2
 
 Inputs are text files (UTF-8, one segment or paragraph per line) or directories, searched
 recursively for ``*.txt`` and ``*.raw`` files.  Each file is one document: the output keeps an
 empty line between documents (what ``--sample-break-mode complete_doc`` splits on) and
 between paragraphs that were separated by empty lines.
 
-1. **split**: each paragraph (a run of non-empty lines) goes to valid when the md5 of its
-   text falls in the first ``--valid-percent`` percent, so duplicates land on the same side
-   and the split does not depend on file order;
+1. **split** (``--split paragraphs``, the default): each paragraph (a run of non-empty lines) goes
+   to valid when the md5 of its text falls in the first ``--valid-percent`` percent, so duplicates
+   land on the same side and the split does not depend on file order;
+   (``--split documents``): WHOLE documents are held out, as the language-model benchmarks do
+   (WikiText's valid and test sets are whole articles: Merity et al. 2016, "Pointer Sentinel Mixture
+   Models"): a document is a file, except in a WikiText file (one whose first non-empty line is a top-level heading
+   `` = Title = ``), where each top-level heading starts an article.  The documents, ordered by the
+   md5 of their text (independent of file order; duplicates side by side), go to valid until it
+   holds ``--valid-percent`` percent of the characters, then to test until it holds
+   ``--test-percent`` percent, the rest to train: each held-out split gets at least one whole
+   document.  ``DEST/{train,valid,test}.{bin,idx}``;
 2. **sentencepiece**: a unigram model learned on the train split (``DEST/spm.model``), which
    GLUE and SQuAD preparation reuse (``--spm-model``);
 3. **dictionary**: ``DEST/dict.txt`` lists *every* piece of the model, so text segmented
    later by the same model never maps to ``<unk>``;
 4. **binarise**: ``fairseq-preprocess --only-source --srcdict DEST/dict.txt`` writes
-   ``DEST/{train,valid}.{bin,idx}``.
+   ``DEST/{train,valid}.{bin,idx}`` (and ``test`` with ``--split documents``).
 
-No line is dropped or cut: every non-empty input line is in train or valid (counts printed).
+No line is dropped or cut: every non-empty input line is in train, valid or test (counts printed).
 
 Every file is written atomically, the binarised ``train.{bin,idx}`` last.  The files of an earlier
 run in ``--destdir`` are replaced only with ``--force``; ``--destdir`` can never be inside an
@@ -28,12 +39,13 @@ run in ``--destdir`` are replaced only with ``--force``; ``--destdir`` can never
 import argparse
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import time
-from typing import Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 from fairseq_pe.errors import UserError, cli
 from fairseq_pe.outputs import atomic_open, atomic_path, check_new_files, check_not_inputs, same_file
@@ -43,7 +55,9 @@ TEXT_SUFFIXES = (".txt", ".raw")
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: the files and folders written into --destdir
 OUTPUTS = ("raw", "spm", "spm.model", "spm.vocab", "dict.txt", "train.bin", "train.idx", "valid.bin", "valid.idx",
-           "preprocess.stdout", "preprocess.log")
+           "test.bin", "test.idx", "preprocess.stdout", "preprocess.log")
+#: a WikiText top-level heading (`` = Title = ``, stripped); `` = = Section = = `` is none
+WIKITEXT_ARTICLE = re.compile(r"^= [^=](?:.*[^=])? =$")
 
 
 class PrepError(UserError):
@@ -94,6 +108,74 @@ def in_valid(block: List[str], percent: float) -> bool:
     return int.from_bytes(digest[:8], "big") / 2 ** 64 * 100 < percent
 
 
+def documents(path: str) -> Iterator[List[List[str]]]:
+    """The documents of a file, each a list of paragraphs: the whole file, or, in a WikiText file (its
+    first paragraph opens with a top-level heading), one per top-level heading."""
+    doc: List[List[str]] = []
+    wikitext = None
+    for block in paragraphs(path):
+        if wikitext is None:
+            wikitext = bool(WIKITEXT_ARTICLE.match(block[0]))
+        if wikitext and WIKITEXT_ARTICLE.match(block[0]) and doc:
+            yield doc
+            doc = []
+        doc.append(block)
+    if doc:
+        yield doc
+
+
+def document_digest(doc: List[List[str]]) -> bytes:
+    return hashlib.md5("\n\n".join("\n".join(block) for block in doc).encode("utf-8")).digest()
+
+
+def assign_documents(files: List[str], valid_percent: float, test_percent: float) -> Dict[tuple, str]:
+    """``{(file index, document index): split}``: the documents in the order of their md5 fill valid up to
+    ``valid_percent`` percent of the characters, then test up to ``test_percent``, the rest is train."""
+    docs = []  # (digest, characters, key)
+    for i, path in enumerate(files):
+        for j, doc in enumerate(documents(path)):
+            docs.append((document_digest(doc), sum(len(line) for block in doc for line in block), (i, j)))
+    if len(docs) < 3:
+        raise PrepError(f"--split documents: the --input holds {len(docs)} document(s); train, valid and test need "
+                        "one whole document each at least (a document is a file, or a WikiText article)")
+    total = sum(chars for _, chars, _ in docs)
+    targets = [("valid", valid_percent / 100 * total), ("test", test_percent / 100 * total)]
+    out, held = {}, {"valid": 0, "test": 0}
+    for digest, chars, key in sorted(docs):
+        name = next((n for n, target in targets if held[n] < target), "train")
+        if name != "train":
+            held[name] += chars
+        out[key] = name
+    return out
+
+
+def split_documents(files: List[str], destdir: str, valid_percent: float, test_percent: float) -> dict:
+    """Step 1 with ``--split documents``: ``DEST/raw/{train,valid,test}.txt``, whole documents each."""
+    where = assign_documents(files, valid_percent, test_percent)
+    raw = os.path.join(destdir, "raw")
+    os.makedirs(raw, exist_ok=True)
+    counts = {name: {"documents": 0, "paragraphs": 0, "lines": 0} for name in ("train", "valid", "test")}
+    with atomic_open(os.path.join(raw, "train.txt"), newline="\n") as train, \
+            atomic_open(os.path.join(raw, "valid.txt"), newline="\n") as valid, \
+            atomic_open(os.path.join(raw, "test.txt"), newline="\n") as test:
+        outs = {"train": train, "valid": valid, "test": test}
+        for i, path in enumerate(files):
+            for j, doc in enumerate(documents(path)):
+                name = where[(i, j)]
+                for block in doc:
+                    if counts[name]["paragraphs"]:
+                        outs[name].write("\n")  # paragraph / document boundary
+                    outs[name].write("\n".join(block) + "\n")
+                    counts[name]["paragraphs"] += 1
+                    counts[name]["lines"] += len(block)
+                counts[name]["documents"] += 1
+    for name, count in counts.items():
+        if count["documents"] == 0:
+            flag = "--valid-percent" if name == "valid" else "--test-percent" if name == "test" else "the percents"
+            raise PrepError(f"the {name} split is empty: give more documents or change {flag}")
+    return counts
+
+
 def split(files: List[str], destdir: str, valid_percent: float) -> dict:
     """Step 1: ``DEST/raw/{train,valid}.txt``; an empty line between paragraphs and documents."""
     raw = os.path.join(destdir, "raw")
@@ -114,7 +196,7 @@ def split(files: List[str], destdir: str, valid_percent: float) -> dict:
     for name, (n_par, n_lines) in counts.items():
         if n_lines == 0:
             raise PrepError(f"the {name} split is empty: give more text or change --valid-percent")
-    return counts
+    return {name: {"paragraphs": n_par, "lines": n_lines} for name, (n_par, n_lines) in counts.items()}
 
 
 def train_sentencepiece(destdir: str, vocab_size: int, input_sentence_size: int, workers: int) -> str:
@@ -164,7 +246,7 @@ def encode(model_path: str, src: str, dst: str) -> int:
     return n
 
 
-def binarise(destdir: str, workers: int) -> None:
+def binarise(destdir: str, workers: int, splits=("train", "valid")) -> None:
     exe = shutil.which("fairseq-preprocess")
     if exe is None:
         raise PrepError("fairseq-preprocess not found on PATH: install fairseq (scripts/install.sh)")
@@ -174,6 +256,8 @@ def binarise(destdir: str, workers: int) -> None:
     cmd = [exe, "--only-source", "--srcdict", os.path.join(destdir, "dict.txt"),
            "--trainpref", os.path.join(spm_dir, "train"), "--validpref", os.path.join(spm_dir, "valid"),
            "--destdir", part, "--workers", str(workers)]
+    if "test" in splits:
+        cmd[-4:-4] = ["--testpref", os.path.join(spm_dir, "test")]
     log(f"running {shlex.join(cmd)}")
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     with atomic_open(os.path.join(destdir, "preprocess.stdout")) as f:
@@ -183,11 +267,13 @@ def binarise(destdir: str, workers: int) -> None:
         raise PrepError(f"fairseq-preprocess failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
     if os.path.exists(os.path.join(part, "preprocess.log")):
         os.replace(os.path.join(part, "preprocess.log"), os.path.join(destdir, "preprocess.log"))
-    for name in ("valid.idx", "valid.bin", "train.idx", "train.bin"):  # train.bin last: what a recipe checks
+    held_out = [name for name in ("valid", "test") if name in splits]
+    for name in [f"{s}.{ext}" for s in held_out for ext in ("idx", "bin")] + ["train.idx", "train.bin"]:
+        # train.bin last: what a recipe checks
         os.replace(os.path.join(part, name), os.path.join(destdir, name))
     shutil.rmtree(part, ignore_errors=True)
     for line in proc.stdout.splitlines():
-        if "replaced by <unk>" in line:
+        if "replaced (by <unk>)" in line or "replaced by <unk>" in line:  # fairseq 0.12 writes the first
             log(f"  {line.split('|')[-1].strip()}")
 
 
@@ -199,7 +285,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--destdir", required=True, help="output: spm.model, dict.txt, {train,valid}.{bin,idx}")
     p.add_argument("--vocab-size", type=int, default=32000, help="sentencepiece pieces (default 32000)")
     p.add_argument("--valid-percent", type=float, default=1.0,
-                   help="share of paragraphs held out for validation, by hash (default 1)")
+                   help="share of paragraphs (of the characters, in whole documents, with --split documents) held "
+                        "out for validation, by hash (default 1)")
+    p.add_argument("--split", choices=("paragraphs", "documents"), default="paragraphs",
+                   help="what is held out: paragraphs (masked-LM pretraining, the default) or whole documents, "
+                        "for valid and test (language models: a file, or a WikiText article)")
+    p.add_argument("--test-percent", type=float, default=None,
+                   help="with --split documents: share of the characters held out for test, in whole documents "
+                        "(default 1)")
     p.add_argument("--spm-input-sentence-size", type=int, default=10_000_000,
                    help="lines sampled to learn sentencepiece (default 10M)")
     p.add_argument("--spm-model", default=None,
@@ -209,6 +302,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 0 < args.valid_percent < 100:
         p.error("--valid-percent must be in (0, 100)")
+    if args.test_percent is not None and args.split != "documents":
+        p.error("--test-percent needs --split documents (paragraph splits have no test set)")
+    if args.split == "documents":
+        args.test_percent = 1.0 if args.test_percent is None else args.test_percent
+        if not 0 < args.test_percent < 100 or args.valid_percent + args.test_percent >= 100:
+            p.error("--test-percent must be in (0, 100) and leave some text for train with --valid-percent")
     if args.vocab_size < 10:
         p.error("--vocab-size must be at least 10")
     return args
@@ -261,9 +360,12 @@ def prepare(args: argparse.Namespace) -> None:
 def _prepare(args: argparse.Namespace, dest: str, files: List[str]) -> None:
     os.makedirs(dest, exist_ok=True)
     log(f"{len(files)} input files -> {dest}")
-    counts = split(files, dest, args.valid_percent)
-    for name, (n_par, n_lines) in counts.items():
-        log(f"  {name}: {n_par:,} paragraphs, {n_lines:,} lines")
+    if args.split == "documents":
+        counts = split_documents(files, dest, args.valid_percent, args.test_percent)
+    else:
+        counts = split(files, dest, args.valid_percent)
+    for name, count in counts.items():
+        log(f"  {name}: " + ", ".join(f"{n:,} {what}" for what, n in count.items()))
     model = os.path.join(dest, "spm.model")
     if args.spm_model:
         if not os.path.isfile(args.spm_model):
@@ -280,8 +382,15 @@ def _prepare(args: argparse.Namespace, dest: str, files: List[str]) -> None:
     for name in counts:
         n = encode(model, os.path.join(dest, "raw", f"{name}.txt"), os.path.join(dest, "spm", name))
         log(f"  encoded {name}: {n:,} lines")
-    binarise(dest, args.workers)
+    binarise(dest, args.workers, tuple(counts))
     log(f"done: {dest} (sentencepiece {model}, dictionary of {n_pieces:,} pieces + fairseq's 4 specials)")
+    if args.split == "documents":
+        log("next (a language model; docs/lm.md):")
+        print(f"fairseq-train {shlex.quote(dest)} --user-dir {shlex.quote(PLUGIN_DIR)} --task language_modeling "
+              "--arch transformer_lm_pe_tiny --tokens-per-sample 64 --sample-break-mode none "
+              "$(python -m fairseq_pe.systems flags alibi) --optimizer adam --lr 1e-3 --max-tokens 2048 "
+              "--max-update 2000 --save-dir checkpoints/lm-alibi", flush=True)
+        return
     log("next (the BERT schedule: 128 tokens, then 512; see scripts/recipes/bert-pretrain.sh):")
     print(f"fairseq-train {shlex.quote(dest)} --user-dir {shlex.quote(PLUGIN_DIR)} --task masked_lm "
           "--criterion masked_lm --arch roberta_pe_base --pe-absolute learned "

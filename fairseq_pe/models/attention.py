@@ -284,6 +284,9 @@ class PositionAttention(MultiheadAttention):
                                        or self.onnx_trace or key is None):
             if observer is not None:
                 observer(self, "fairseq")
+            if attn_mask is not None and self.is_future_mask(attn_mask, query.size(0), attn_mask.size(1)):
+                # fairseq's own attention reads the mask whole: the future mask's rows, built (not the stand-in)
+                attn_mask = self.mask_rows(attn_mask, 0, query.size(0), attn_mask.size(1), True).to(query.dtype)
             return super().forward(query, key, value, key_padding_mask, incremental_state, need_weights,
                                    static_kv, attn_mask, before_softmax, need_head_weights)
         tgt_len, bsz, embed_dim = query.size()
@@ -407,6 +410,18 @@ class PositionAttention(MultiheadAttention):
         full pass): key j visible iff j ≤ query_offset + i."""
         return self.future_masked and attn_mask is not None and tuple(attn_mask.shape) == (tgt_len, src_len)
 
+    def mask_rows(self, attn_mask, start: int, end: int, keys: int, causal: bool) -> Optional[Tensor]:
+        """Rows start..end, keys 0..keys, of fairseq's ``attn_mask``.  Of its future mask (``causal``: key j visible
+        iff j ≤ i, a full pass), built for those rows only: the plugin's decoders hand a stand-in of no storage
+        (:meth:`~fairseq_pe.models.transformer_pe.TransformerPEDecoder.buffered_future_mask`), never a T × T tensor."""
+        if attn_mask is None:
+            return None
+        if not causal:
+            return attn_mask[start:end, :keys]
+        rows = torch.arange(start, end, device=attn_mask.device).unsqueeze(1)
+        return torch.zeros(end - start, keys, device=attn_mask.device).masked_fill_(
+            torch.arange(keys, device=attn_mask.device) > rows, float("-inf"))
+
     def path_of(self, q: Tensor, relative, bias_gradient: bool, bsz: int, tgt_len: int, src_len: int,
                 masked: bool = False) -> str:
         """The path of a call that several paths can compute (not the explicit one), by ``--pe-attention-kernel``
@@ -447,7 +462,8 @@ class PositionAttention(MultiheadAttention):
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
         causal = False
-        if self.is_future_mask(attn_mask, tgt_len, src_len) and key_padding_mask is None and query_offset == 0 \
+        future = self.is_future_mask(attn_mask, tgt_len, src_len)
+        if future and key_padding_mask is None and query_offset == 0 \
                 and tgt_len == src_len and (relative is None or not relative.adds_bias):
             # fairseq's future mask is all this attention masks with: the kernel's own causal mask (top-left
             # aligned, the same for T = S) reaches FlashAttention, which takes no float mask
@@ -455,14 +471,16 @@ class PositionAttention(MultiheadAttention):
         elif relative is not None:  # the same for the layers of a pass that share the bias: built once per pass
             def mask():
                 bias = relative.position_bias(tgt_len, src_len, query_offset, self.block, rows=rows)
-                return merged_mask(attn_mask, key_padding_mask, bias, bsz, tgt_len, src_len, q.dtype)
+                return merged_mask(self.mask_rows(attn_mask, 0, tgt_len, src_len, future), key_padding_mask, bias,
+                                   bsz, tgt_len, src_len, q.dtype)
 
             gradient = torch.is_grad_enabled() and relative.bias_requires_grad
             key = MaskKey(bsz, tgt_len, src_len, query_offset, relative.bias_key(self.block), q.dtype,
                           attn_mask is not None, key_padding_mask is not None, gradient)
             mask = rows.shared(key, mask, keep_graph=gradient and not relative.recomputed)
         else:
-            mask = merged_mask(attn_mask, key_padding_mask, None, bsz, tgt_len, src_len, q.dtype)
+            mask = merged_mask(self.mask_rows(attn_mask, 0, tgt_len, src_len, future), key_padding_mask, None, bsz,
+                               tgt_len, src_len, q.dtype)
         p = self.dropout_p()
         observer = _observer
         if observer is not None:
@@ -521,7 +539,7 @@ class PositionAttention(MultiheadAttention):
             else:
                 block_bias = relative.position_bias(end - start, keys, offset, self.block, rows=unshared) \
                     if bias else None
-                mask = merged_mask(None if attn_mask is None else attn_mask[start:end, :keys],
+                mask = merged_mask(self.mask_rows(attn_mask, start, end, keys, causal),
                                    None if key_padding_mask is None else key_padding_mask[:, :keys], block_bias, bsz,
                                    end - start, keys, q.dtype, shift=q.dtype != torch.float32)
                 del block_bias
@@ -577,6 +595,7 @@ class PositionAttention(MultiheadAttention):
         bsz, heads, count, head_dim = q.shape
         src_len = k.size(2)
         offset = query_offset + start
+        future = attn_mask is not None and self.is_future_mask(attn_mask, attn_mask.size(0), src_len)
         folded = relative.query_terms and count == 1
         if folded:
             key_vectors, value_vectors = relative.folded_vectors(src_len, offset, self.block, rows=rows)
@@ -594,8 +613,8 @@ class PositionAttention(MultiheadAttention):
 
         def mask():
             bias = relative.position_bias(end - start, src_len, offset, self.block, rows=rows)
-            return merged_mask(None if attn_mask is None else attn_mask[start:end], key_padding_mask, bias, bsz, count,
-                               src_len, logits.dtype, shift=not before_softmax)
+            return merged_mask(self.mask_rows(attn_mask, start, end, src_len, future), key_padding_mask, bias, bsz,
+                               count, src_len, logits.dtype, shift=not before_softmax)
 
         mask = rows.shared(BlockMaskKey(bsz, start, end, offset, src_len, relative.bias_key(self.block), logits.dtype,
                                         attn_mask is not None, key_padding_mask is not None, before_softmax), mask)

@@ -139,6 +139,19 @@ class TransformerPEDecoder(TransformerDecoderBase):
     def max_positions(self):
         return self.embed_positions.max_positions
 
+    def buffered_future_mask(self, tensor):
+        """fairseq's future mask of a full pass, as a stand-in of no storage: its self-attentions
+        (:class:`~fairseq_pe.models.attention.PositionAttention`) know it by its shape and build the rows they need
+        (``mask_rows``), so that a pass of T tokens never holds fairseq's T × T float mask (1 GiB at 16,384 tokens, cached
+        by fairseq at the longest length seen).  The stand-in is −inf everywhere: whatever read it as a mask would mask
+        every key, loudly.  With ``--cross-self-attention`` (fairseq concatenates it with the source's mask) it is
+        fairseq's own, as for attentions that do not know it (``future_masked`` off)."""
+        if self.cross_self_attention or not all(getattr(self.layers[i].self_attn, "future_masked", False)
+                                                for i in range(len(self.layers))):
+            return super().buffered_future_mask(tensor)
+        dim = tensor.size(0)
+        return tensor.new_full((1, 1), float("-inf")).expand(dim, dim)
+
 
 @register_model("transformer_pe")
 class TransformerPEModel(TransformerModel):

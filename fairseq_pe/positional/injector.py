@@ -33,13 +33,17 @@ class PositionLimit(int):
     refusal of a longer sentence, or its skipping of longer training pairs, can then name the option to change
     (:mod:`fairseq_pe.compat.size_errors`)."""
 
-    def __new__(cls, value: int, why: str):
+    def __new__(cls, value: int, why: str, refuse: bool = False, fix: str = None):
         limit = super().__new__(cls, value)
         limit.why = why
+        #: a longer sample is refused (a UserError that says ``fix``), not skipped: evaluation, where a skipped
+        #: sample would leave a score over part of the data (``transformer_lm_pe`` in ``fairseq-eval-lm``)
+        limit.refuse = refuse
+        limit.fix = fix
         return limit
 
     def __reduce__(self):
-        return PositionLimit, (int(self), self.why)
+        return PositionLimit, (int(self), self.why, self.refuse, self.fix)
 
 
 def token_positions(tokens: torch.Tensor, padding_idx: int) -> torch.Tensor:

@@ -1,0 +1,155 @@
+"""``transformer_lm_pe``: fairseq's decoder-only language model with pluggable position encodings.
+
+It extends fairseq's ``TransformerLanguageModel`` (``--task language_modeling``, ``fairseq-eval-lm``, the hub's
+``sample``) and reuses ``transformer_pe``'s decoder (:class:`~fairseq_pe.models.transformer_pe.TransformerPEDecoder`:
+the same ``--pe-*`` options, injector, layers and attention) without cross-attention.  fairseq's own builder makes
+the token embeddings (plain, adaptive input or character), which the plugin's decoder takes over; nothing of the
+stock decoder is kept.
+
+Length: a decoder-only model is where length extrapolation is measured (Press et al. 2022, ALiBi, §4: train at L
+tokens, ``fairseq-eval-lm --tokens-per-sample`` at L, 2L, ...).  Stock fairseq bounds evaluation by
+``--max-target-positions`` (the task's ``--tokens-per-sample`` at training) and skips longer samples with a warning;
+here only an encoding with a length limit (a learned table, ``--pe-random-positions``) bounds it, and in evaluation
+(``prepare_for_inference_``: ``fairseq-eval-lm``, ``fairseq-generate``, ``fairseq-interactive``, the hub) a sample
+beyond it is refused by name instead of skipped (:mod:`fairseq_pe.compat.size_errors`).
+"""
+
+import copy
+
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models import transformer_lm as stock
+from fairseq.models.transformer import TransformerConfig
+from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.utils import safe_getattr
+
+from fairseq_pe.errors import UserError, as_user_errors
+from fairseq_pe.positional.injector import PositionLimit
+
+from .floater_setup import apply_floater_freezing, build_floater_flow
+from .layers import exact_retain_dropout_modules, numbered_layers, use_stock_dropout_names
+from .options import add_position_encoding_args, position_encoding_defaults, validate_position_args
+from .transformer_pe import TransformerPEDecoder
+
+
+class TransformerPELanguageModelDecoder(TransformerPEDecoder):
+    """``transformer_pe``'s decoder without cross-attention: a language model's decoder."""
+
+    def __init__(self, cfg, dictionary, embed_tokens):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=True)
+
+
+@register_model("transformer_lm_pe")
+class TransformerPELanguageModel(TransformerLanguageModel):
+    """fairseq's ``transformer_lm`` with ``--pe-*`` position encodings (module docstring; ``docs/lm.md``)."""
+
+    def __init__(self, decoder, args=None):
+        super().__init__(decoder)
+        #: set by prepare_for_inference_ (evaluation, generation): a sample past the length limit is refused there
+        self.evaluating = False
+        # FLOATER: one flow (dynamics networks) for the decoder; None without FLOATER
+        self.floater = build_floater_flow(args, {"decoder": decoder.embed_positions}) if args is not None else None
+        if args is not None:
+            apply_floater_freezing(self, self.floater, args)
+        use_stock_dropout_names(self)
+
+    @classmethod
+    def hub_models(cls):
+        return {}  # the stock names are stock checkpoints: load those with TransformerLanguageModel
+
+    @classmethod
+    def add_args(cls, parser):
+        # registered without a dataclass, so that cfg.model keeps the --pe-* options (as transformer_pe): fairseq's
+        # LM options without their defaults, which the architectures fill in
+        gen_parser_from_dataclass(parser, TransformerLanguageModelConfig(), delete_default=True)
+        add_position_encoding_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        with as_user_errors():  # a bad option is the user's to fix: one line, exit 2 (fairseq_pe.errors)
+            base_lm_architecture(args)
+            validate_position_args(args)
+            if getattr(args, "character_embeddings", False):
+                raise UserError("--character-embeddings is not supported by transformer_lm_pe (fairseq builds its "
+                                "character filters with eval(--character-filters)); remove it")
+            # fairseq's builder makes the token embeddings (and sets --max-target-positions from
+            # --tokens-per-sample); its decoder is built with no layer and dropped
+            shell = copy.copy(args)
+            shell.decoder_layers, shell.decoder_layers_to_keep = 0, None
+            embed_tokens = super().build_model(shell, task).decoder.embed_tokens
+            args.max_target_positions = shell.max_target_positions
+            if args.decoder_layers_to_keep:
+                args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
+            with numbered_layers(args, sides=("decoder",)):
+                decoder = TransformerPELanguageModelDecoder(TransformerConfig.from_namespace(args),
+                                                            task.target_dictionary, embed_tokens)
+            return cls(decoder, args)
+
+    def max_positions(self):
+        """The decoder's limit; in evaluation it says that a longer sample is refused, not skipped."""
+        limit = self.decoder.max_positions()
+        if self.evaluating and isinstance(limit, PositionLimit):
+            return PositionLimit(limit, limit.why, refuse=True,
+                                 fix="evaluate with a --tokens-per-sample (plus --context-window) of at most "
+                                     f"{int(limit)}")
+        return limit
+
+    def prepare_for_inference_(self, cfg):
+        self.evaluating = True
+        with as_user_errors():
+            self._check_sliding_window(cfg)
+            super().prepare_for_inference_(cfg)
+
+    def _check_sliding_window(self, cfg):
+        """``fairseq-eval-lm --context-window C``: each window holds ``--tokens-per-sample`` tokens (fairseq has taken C
+        from it already) plus C of context, which must fit the length limit (the other windows are checked when the
+        data is batched, :mod:`fairseq_pe.compat.size_errors`)."""
+        limit = self.decoder.max_positions()
+        context = getattr(getattr(cfg, "eval_lm", None), "context_window", 0) or 0
+        scored = getattr(getattr(cfg, "task", None), "tokens_per_sample", None)
+        if isinstance(limit, PositionLimit) and context > 0 and isinstance(scored, int) and scored + context > limit:
+            raise UserError(f"--tokens-per-sample {scored + context} with --context-window {context}: windows of "
+                            f"{scored + context} tokens are longer than the model's limit, {int(limit)} tokens: "
+                            f"evaluate with a --tokens-per-sample of at most {int(limit)} (the limit is {limit.why})")
+
+    def make_generation_fast_(self, **kwargs):
+        """``--retain-dropout-modules`` matched exactly, by class names (:func:`.layers.retained_dropout_modules`)."""
+        super().make_generation_fast_(**exact_retain_dropout_modules(self, kwargs))
+
+    def __prepare_scriptable__(self):
+        raise UserError("torch.jit.script: transformer_lm_pe cannot be exported to TorchScript; export works for "
+                        "transformer_pe with an absolute encoding (docs/encodings.md)")
+
+
+# architectures: fairseq's own, plus the position-encoding defaults
+
+
+@register_model_architecture("transformer_lm_pe", "transformer_lm_pe")
+def base_lm_architecture(args):
+    position_encoding_defaults(args)
+    stock.base_lm_architecture(args)
+
+
+@register_model_architecture("transformer_lm_pe", "transformer_lm_pe_tiny")
+def transformer_lm_pe_tiny(args):
+    """For tests and CPU runs: 2 layers, 64 dims, 4 heads, FFN 256."""
+    args.decoder_layers = safe_getattr(args, "decoder_layers", 2)
+    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 64)
+    args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 256)
+    args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 4)
+    base_lm_architecture(args)
+
+
+@register_model_architecture("transformer_lm_pe", "transformer_lm_pe_wiki103")
+def transformer_lm_pe_wiki103(args):
+    """fairseq's ``transformer_lm_wiki103`` (Baevski & Auli 2019: 16 layers of 1024, adaptive input and softmax), the
+    model ALiBi's experiments train (Press et al. 2022, §4)."""
+    position_encoding_defaults(args)
+    stock.transformer_lm_baevski_wiki103(args)
+
+
+@register_model_architecture("transformer_lm_pe", "transformer_lm_pe_gpt2_small")
+def transformer_lm_pe_gpt2_small(args):
+    """fairseq's ``transformer_lm_gpt2_small`` (24 layers of 1024, 16 heads, GELU)."""
+    position_encoding_defaults(args)
+    stock.transformer_lm_gpt2_small(args)

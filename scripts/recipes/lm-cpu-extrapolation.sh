@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# The length-extrapolation experiment of ALiBi (Press et al., ICLR 2022, Figure 1) and KERPLE (Chi et al., NeurIPS
+# 2022, Table 3) at CPU scale: language models trained at L tokens, their perplexity at L, 2L, ..., 32L.
+#
+#   bash scripts/recipes/lm-cpu-extrapolation.sh [WORKDIR]            # every encoding, seeds 1 2 3
+#   QUICK=1 bash scripts/recipes/lm-cpu-extrapolation.sh [WORKDIR]    # the papers' 5 encodings, seed 1
+#
+# 1. Data: fairseq-pe-prepare-mono on the English text of $DATA (default ../shared/data/mono/en: novels, State of
+#    the Union addresses, WikiText-2's articles) with WHOLE documents held out (--split documents: a file, or a
+#    WikiText article), VALID_PERCENT and TEST_PERCENT of the characters (default 1 and 1) for valid and test, and a
+#    VOCAB-piece sentencepiece model (default 4000) learned on train: WORKDIR/data.
+# 2. Training: one $ARCH (default transformer_lm_pe_tiny: 2 layers, 64 dims, 4 heads, FFN 256) per system of
+#    $SYSTEMS and seed of $SEEDS, fairseq's language_modeling task at L tokens (--tokens-per-sample $L, default 64,
+#    --sample-break-mode none), MAX_UPDATE updates (default 1500) of MAX_TOKENS tokens (2048: 32 sequences), Adam
+#    (0.9, 0.98), lr LR (0.002) after WARMUP (200) updates, inverse square root, dropout 0.1, weight decay 0.01, tied
+#    input and output embeddings: WORKDIR/runs/NAME-sSEED (train.log, checkpoint_last.pt); JOBS runs at a time
+#    (2), THREADS torch threads each (1).
+# 3. Evaluation: fairseq-pe-lm-lengths on the test split at L x $MULTIPLIERS (default 1 2 4 8 16; 32 where the
+#    time allows: MULTIPLIERS="1 2 4 8 16 32", memory is no limit at L = 64) in $MODES
+#    (default nonoverlapping and sliding, stride L): WORKDIR/lengths/lengths.{md,json,png} (mean ± sample std over
+#    the seeds and every seed's value; a learned table's refusal of a longer length recorded as "refused").
+#
+# Systems: SYSTEMS (space-separated catalogue names; default the catalogue's group "encodings", one system per
+# encoding, FLOATER in its three forms: `python -m fairseq_pe.systems names encodings`; with QUICK=1 the group
+# "lm-wiki103" of the GPU recipe: sinusoidal, RoPE, T5's bias, ALiBi (ALiBi's Figure 1) and KERPLE-log).
+# Time, measured on the 2-core CPU machine of this project while other sessions' tests kept its load average at 5-6
+# (no idle cores; one run alone, so every figure is an upper bound): one ALiBi run with the defaults (1,500 updates,
+# one thread) 20 min 37 s (fairseq's "done training in 1221.5 seconds", 1.0-1.3 updates/s, where an idle core
+# should do several times better); its evaluation at 1..16L in both modes 8 min (MULTIPLIERS="1 2 4 8 16 32": 13 min;
+# a sliding window of N tokens scores L of them, so N = 32L costs 32 times the non-overlapping pass).  At those
+# rates the full recipe (18 systems x 3 seeds = 54 runs, two at a time) is about 9.3 h of training and 7.2 h of
+# evaluation (one point at a time); QUICK=1 (5 runs) about 52 min + 40 min.
+# A re-run resumes: finished runs (their train.done) are skipped, and the evaluation is skipped while the
+# checkpoints it was run on (lengths/checkpoints.txt) are the same; delete WORKDIR/runs/NAME-sSEED to redo one.
+# Environment: DATA, L, VOCAB, VALID_PERCENT, TEST_PERCENT, ARCH, SYSTEMS, SEEDS, QUICK, MAX_UPDATE, MAX_TOKENS, LR,
+# WARMUP, JOBS, THREADS, MULTIPLIERS, MODES, PYTHON (python: reads the catalogue), DRY_RUN=1 (print the commands).
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+PYTHON=${PYTHON:-python}
+WORK=${1:-lm-cpu-extrapolation-work}
+DATA=${DATA:-$REPO/../shared/data/mono/en}
+L=${L:-64}
+VOCAB=${VOCAB:-4000}
+ARCH=${ARCH:-transformer_lm_pe_tiny}
+QUICK=${QUICK:-0}
+MAX_UPDATE=${MAX_UPDATE:-1500}
+MAX_TOKENS=${MAX_TOKENS:-2048}
+LR=${LR:-0.002}
+WARMUP=${WARMUP:-200}
+JOBS=${JOBS:-2}
+THREADS=${THREADS:-1}
+MULTIPLIERS=${MULTIPLIERS:-1 2 4 8 16}
+MODES=${MODES:-nonoverlapping sliding}
+DRY_RUN=${DRY_RUN:-0}
+PLUGIN=$REPO/fairseq_pe
+export PYTHONUNBUFFERED=1
+
+catalogue() { PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m fairseq_pe.systems "$@"; }
+die() { echo "lm-cpu-extrapolation.sh: $*" >&2; exit 2; }
+log() { echo "[lm-cpu $(date +%H:%M:%S)] $*" >&2; }
+
+if [[ $QUICK == 1 ]]; then
+  SYSTEMS=${SYSTEMS:-$(catalogue names lm-wiki103)} || die "$PYTHON cannot read fairseq_pe/systems.py"
+  SEEDS=${SEEDS:-1}
+else
+  [[ $QUICK == 0 ]] || die "QUICK=$QUICK: use QUICK=1 (a few systems, one seed) or leave it out"
+  SYSTEMS=${SYSTEMS:-$(catalogue names encodings)} || die "$PYTHON cannot read fairseq_pe/systems.py"
+  SEEDS=${SEEDS:-1 2 3}
+fi
+declare -A FLAGS=()
+for name in $SYSTEMS; do
+  FLAGS[$name]=$(catalogue flags "$name" 2>/dev/null) \
+    || die "SYSTEMS: unknown system '$name'; choose from: $(catalogue names encodings) (or any of: python -m fairseq_pe.systems table)"
+done
+for seed in $SEEDS; do [[ $seed =~ ^[0-9]+$ ]] || die "SEEDS: '$seed' is not a number"; done
+[[ $DRY_RUN == 1 || -d $DATA ]] || die "text folder $DATA not found; set DATA=DIR (*.txt / *.raw files under it)"
+
+# run LOG CMD...: DRY_RUN=1 prints the command; otherwise runs it, its output to LOG (its tail shown on failure)
+run() {
+  local out=$1; shift
+  if [[ $DRY_RUN == 1 ]]; then printf '+ %s\n' "$(printf '%q ' "$@")"; return 0; fi
+  mkdir -p "${out%/*}"
+  "$@" > "$out" 2>&1 || { echo "lm-cpu-extrapolation.sh: failed, see $out:" >&2; tail -n 30 "$out" >&2; return 1; }
+}
+
+# ---- 1. data (the step runs while train.bin, which the tool writes last, is missing: --force replaces what an
+# interrupted earlier run left)
+if [[ -f $WORK/data/train.bin ]]; then
+  log "reusing the data in $WORK/data"
+else
+  log "preparing $DATA -> $WORK/data (whole documents held out)"
+  run "$WORK/logs/prepare.log" fairseq-pe-prepare-mono --input "$DATA" --destdir "$WORK/data" --vocab-size "$VOCAB" \
+    --split documents --valid-percent "${VALID_PERCENT:-1}" --test-percent "${TEST_PERCENT:-1}" --workers 2 --force
+  [[ $DRY_RUN == 1 ]] || grep -E '^\[prepare-mono' "$WORK/logs/prepare.log" | sed -n '2,4p' >&2
+fi
+
+# ---- 2. training, JOBS runs at a time
+train() {  # train NAME SEED
+  local name=$1 seed=$2 dir=$WORK/runs/$1-s$2
+  # shellcheck disable=SC2086
+  local pe=(${FLAGS[$name]})
+  local start=$SECONDS
+  OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS run "$dir/train.log" fairseq-train "$WORK/data" \
+    --user-dir "$PLUGIN" --task language_modeling --tokens-per-sample "$L" --sample-break-mode none \
+    --arch "$ARCH" "${pe[@]}" --share-decoder-input-output-embed --dropout 0.1 \
+    --optimizer adam --adam-betas '(0.9, 0.98)' --weight-decay 0.01 --clip-norm 0.0 \
+    --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07 \
+    --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --seed "$seed" --cpu --num-workers 0 \
+    --save-dir "$dir" --no-epoch-checkpoints --log-format simple --log-interval 100
+  [[ $DRY_RUN == 1 ]] && return 0
+  touch "$dir/train.done"
+  log "$name seed $seed: trained in $((SECONDS - start)) s ($(grep -o 'done training in [0-9.]* seconds' "$dir/train.log"))"
+}
+
+CHECKPOINTS=()
+pending=0
+for seed in $SEEDS; do
+  for name in $SYSTEMS; do
+    dir=$WORK/runs/$name-s$seed
+    CHECKPOINTS+=("$name=$dir/checkpoint_last.pt")
+    if [[ $DRY_RUN != 1 && -f $dir/train.done ]]; then
+      log "$name seed $seed: trained already ($dir)"
+      continue
+    fi
+    [[ $DRY_RUN == 1 ]] || rm -rf "$dir"  # an interrupted run starts again (its learning-rate schedule and seed)
+    log "$name seed $seed: training ($ARCH ${FLAGS[$name]}, L=$L, $MAX_UPDATE updates)"
+    if [[ $DRY_RUN == 1 || $JOBS -le 1 ]]; then
+      train "$name" "$seed"
+    else
+      train "$name" "$seed" &
+      pending=$((pending + 1))
+      if ((pending >= JOBS)); then wait -n; pending=$((pending - 1)); fi
+    fi
+  done
+done
+while ((pending > 0)); do wait -n; pending=$((pending - 1)); done
+
+# ---- 3. evaluation at L x MULTIPLIERS, non-overlapping and sliding (skipped while its checkpoints are the same)
+LIST=$(printf '%s\n' "${CHECKPOINTS[@]}" "L=$L" "multipliers=$MULTIPLIERS" "modes=$MODES")
+if [[ $DRY_RUN != 1 && -f $WORK/lengths/lengths.json && $(cat "$WORK/lengths/checkpoints.txt" 2>/dev/null) == "$LIST" ]]; then
+  log "evaluated already: $WORK/lengths/lengths.md"
+else
+  # shellcheck disable=SC2086
+  run "$WORK/logs/lengths.log" fairseq-pe-lm-lengths --data "$WORK/data" --gen-subset test --train-length "$L" \
+    --multipliers $MULTIPLIERS --modes $MODES --checkpoint "${CHECKPOINTS[@]}" --eval-lm-args=--cpu \
+    --out "$WORK/lengths" --force
+  [[ $DRY_RUN == 1 ]] || printf '%s\n' "$LIST" > "$WORK/lengths/checkpoints.txt"
+fi
+[[ $DRY_RUN == 1 ]] || { cat "$WORK/lengths/lengths.md"; log "wrote $WORK/lengths/lengths.{md,json,png}"; }

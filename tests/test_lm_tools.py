@@ -1,0 +1,218 @@
+"""``fairseq-pe-lm-lengths`` (fairseq_pe/lm/extrapolation.py): the mapping of its windows to fairseq-eval-lm's
+options, the reading of fairseq-eval-lm's log, the refusals, the seeds' table; end to end on tiny language models
+trained here (``transformer_lm_pe_tiny`` with ALiBi and a learned table, stock ``transformer_lm``)."""
+
+import json
+import os
+import statistics
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+from fairseq.data import data_utils
+
+from fairseq_pe.errors import UserError
+from fairseq_pe.lm import extrapolation as ex
+
+from helpers import PLUGIN, cli, exit_status
+
+L = 16  # the training length of the tiny models
+
+# fairseq_cli/eval_lm.py's two lines, as its logging writes them
+EVAL_LM_LOG = ("2026-01-01 10:00:00 | INFO | fairseq_cli.eval_lm | Evaluated 1,234 tokens in 0.5s (2468.00 tokens/s)\n"
+               "2026-01-01 10:00:00 | INFO | fairseq_cli.eval_lm | Loss (base 2): 3.1234, Perplexity: 8.72\n")
+
+
+def test_windows_map_to_fairseq_options():
+    """Non-overlapping: blocks of N (no context); sliding: N tokens of which the last S are scored, fairseq's
+    --context-window being subtracted from --tokens-per-sample (fairseq_cli/eval_lm.py)."""
+    assert ex.window(64, "nonoverlapping", 16) == (64, 0)
+    assert ex.window(64, "sliding", 16) == (64, 48)
+    assert ex.window(16, "sliding", 16) == (16, 0)  # N = S: the non-overlapping run
+    with pytest.raises(UserError, match="--stride 32 is longer than the evaluation length 16"):
+        ex.window(16, "sliding", 32)
+    # batches: fairseq counts a window's new tokens only, so 8192 tokens with their context are 128 windows of 64
+    assert ex.batch_max_tokens(8192, 64, 48) == 128 * 16 and ex.batch_max_tokens(8192, 64, 0) == 8192
+    assert ex.batch_max_tokens(32, 64, 48) == 16  # one window at least
+
+
+def test_eval_lm_log_is_read_strictly():
+    assert ex.parse_eval_lm(EVAL_LM_LOG) == {"tokens": 1234, "loss_base2": 3.1234, "perplexity": 8.72,
+                                             "inf_skipped": False}
+    with pytest.raises(ValueError, match="found 1 and 0"):
+        ex.parse_eval_lm(EVAL_LM_LOG.splitlines()[0])
+    with pytest.raises(ValueError, match="found 2 and 2"):
+        ex.parse_eval_lm(EVAL_LM_LOG * 2)
+    skipped = ex.parse_eval_lm("INFO | skipping tokens with inf scores: w1\n" + EVAL_LM_LOG)
+    with pytest.raises(UserError, match="infinite score"):
+        ex.check_point(skipped, 1234, "here")
+    # stock fairseq's "Evaluated 0 tokens ... Perplexity: 1.00" (issue 42) is an error naming the point
+    zero = ex.parse_eval_lm(EVAL_LM_LOG.replace("1,234", "0"))
+    with pytest.raises(UserError, match="here: fairseq-eval-lm evaluated 0 of the split's 1,234 tokens"):
+        ex.check_point(zero, 1234, "here")
+    ex.check_point(ex.parse_eval_lm(EVAL_LM_LOG), 1234, "here")
+
+
+def test_refusals_are_user_errors_past_the_training_length():
+    named = "fairseq-eval-lm: error: evaluate with a --tokens-per-sample of at most 16\n"
+    table = "fairseq-eval-lm: error: --pe-absolute learned: a sequence of 64 tokens needs position 63\n"
+    assert ex.refusal(2, "INFO | x\n" + named, past_training_length=False) == named[len("fairseq-eval-lm: error: "):-1]
+    assert ex.refusal(2, table, past_training_length=True).startswith("--pe-absolute learned")
+    assert ex.refusal(2, table, past_training_length=False) is None  # at L: the run is broken, not refused
+    assert ex.refusal(1, named, past_training_length=True) is None  # a crash
+    assert ex.refusal(2, "usage: fairseq-eval-lm [-h]\n" + named, past_training_length=True) is None  # bad option
+
+
+def test_checkpoints_by_name_are_seeds(tmp_path):
+    a, b = tmp_path / "a.pt", tmp_path / "b.pt"
+    a.write_bytes(b"x")
+    b.write_bytes(b"x")
+    assert ex.parse_checkpoints([f"rope={a}", f"alibi={b}", f"rope={b}"]) == {"rope": [str(a), str(b)],
+                                                                               "alibi": [str(b)]}
+    for spec, message in ((str(a), "expected NAME=PATH"), (f"rope={tmp_path}/c.pt", "no such file"),
+                          (f"=={a}", "expected NAME=PATH")):
+        with pytest.raises(UserError, match=message):
+            ex.parse_checkpoints([spec])
+    with pytest.raises(UserError, match="given twice"):
+        ex.parse_checkpoints([f"rope={a}", f"rope={a}"])
+
+
+def test_own_options_are_refused_in_eval_lm_args(capsys):
+    with pytest.raises(SystemExit) as e:
+        ex.parse_args(["--checkpoint", "a=b", "--data", "d", "--train-length", "16", "--out", "o",
+                       "--eval-lm-args", "--fp16 --context-window=8"])
+    assert e.value.code == 2 and "--eval-lm-args: --context-window=8 is set by this tool" in capsys.readouterr().err
+
+
+def test_seeds_give_mean_sample_sd_and_every_value():
+    runs = [{"perplexity": p, "loss_base2": 1.0, "tokens": 82} for p in (10.0, 12.0, 14.5)]
+    cell = ex.combine(runs)
+    assert cell["perplexity"] == pytest.approx(36.5 / 3)
+    assert cell["perplexity_sd"] == pytest.approx(statistics.stdev([10.0, 12.0, 14.5]))  # n - 1
+    assert cell["perplexity_seeds"] == [10.0, 12.0, 14.5] and cell["seeds"] == 3
+    assert ex.combine([runs[0], {"refused": "too long"}]) == {"refused": "too long", "seeds": 2}
+    assert ex.combine(runs[:1])["perplexity_sd"] is None
+    report = {"train_length": 16, "lengths": [16, 32], "modes": ["sliding"], "stride": 16, "data": "d",
+              "gen_subset": "test", "split_tokens": 82, "checkpoints": {"rope": ["a", "b", "c"]},
+              "results": {"rope": {"sliding": {"16": cell, "32": {"refused": "too long", "seeds": 3}}}}}
+    table = ex.markdown(report)
+    assert "| system | 16 (1×) | 32 (2×) |" in table and "| rope | 12.17 ± 2.25 | refused |" in table
+    assert "- rope, sliding, N = 32: too long" in table and "--context-window N-16" in table
+
+
+@pytest.fixture(scope="module")
+def lm_data(tmp_path_factory):
+    """80 lines of counting sequences over 30 words, binarised for --task language_modeling."""
+    root = tmp_path_factory.mktemp("lm")
+    words = [f"w{i}" for i in range(30)]
+    for split, n in (("train", 60), ("valid", 10), ("test", 10)):
+        lines = [" ".join(words[(7 * i + k) % 30] for k in range(3 + (5 * i) % 10)) for i in range(n)]
+        (root / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    cli("fairseq-preprocess", "--only-source", "--trainpref", root / "train.txt", "--validpref", root / "valid.txt",
+        "--testpref", root / "test.txt", "--destdir", root / "bin", "--workers", "1")
+    return root / "bin"
+
+
+def train_lm(data, save_dir, *flags, user_dir=True):
+    cli("fairseq-train", data, "--task", "language_modeling", "--tokens-per-sample", str(L),
+        "--sample-break-mode", "none", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "128",
+        "--max-update", "2", "--cpu", "--num-workers", "0", "--save-dir", save_dir, "--no-epoch-checkpoints",
+        "--disable-validation", "--log-format", "simple", "--seed", "1", *(["--user-dir", PLUGIN] if user_dir else []),
+        *flags)
+    return os.path.join(save_dir, "checkpoint_last.pt")
+
+
+def forked_run(cmd, stdout=None, stderr=None, text=None):
+    """``subprocess.run`` of the tool (its output and errors in one stream), through the tests' fork server."""
+    proc = cli(*cmd, check=False)
+    return subprocess.CompletedProcess(cmd, proc.returncode, proc.stdout + proc.stderr)
+
+
+def test_alibi_and_a_learned_table_at_1x_and_4x(lm_data, tmp_path, monkeypatch, capsys):
+    """ALiBi scores every token of the split at 4 L in both modes; a learned table is refused past L, by name,
+    and the table goes on; the sliding run at N = L is the non-overlapping one (run once)."""
+    from fairseq_pe import systems
+
+    alibi = train_lm(lm_data, tmp_path / "alibi", "--arch", "transformer_lm_pe_tiny", *systems.flags("alibi"))
+    learned = train_lm(lm_data, tmp_path / "learned", "--arch", "transformer_lm_pe_tiny",
+                       *systems.flags("ape-learned"))
+    out = tmp_path / "out"
+    argv = ["--data", str(lm_data), "--train-length", str(L), "--multipliers", "1", "4",
+            "--checkpoint", f"alibi={alibi}", f"ape-learned={learned}", "--out", str(out)]
+    # the tool in this process, each fairseq-eval-lm forked from the tests' server (a new interpreter each costs
+    # 10 s: test_stock_model_that_skips_samples_is_an_error runs the tool and fairseq-eval-lm as a user does)
+    monkeypatch.setattr(ex, "subprocess", SimpleNamespace(run=forked_run, PIPE=subprocess.PIPE,
+                                                          STDOUT=subprocess.STDOUT))
+    assert exit_status(ex.main, argv) == 0
+    run = SimpleNamespace(stdout=capsys.readouterr().out)
+    report = json.loads((out / "lengths.json").read_text())
+    dataset = data_utils.load_indexed_dataset(str(lm_data / "test"), None)
+    tokens = int(dataset.sizes.sum())
+    assert report["split_tokens"] == tokens and report["lengths"] == [16, 64]
+    res = report["results"]
+    for mode in ("nonoverlapping", "sliding"):
+        for n in ("16", "64"):
+            assert res["alibi"][mode][n]["tokens"] == tokens and res["alibi"][mode][n]["perplexity"] > 1
+        assert res["ape-learned"][mode]["16"]["tokens"] == tokens
+        assert "refused" in res["ape-learned"][mode]["64"]
+    assert res["alibi"]["sliding"]["64"]["context_window"] == 48
+    assert "--tokens-per-sample" in res["ape-learned"]["nonoverlapping"]["64"]["refused"]
+    assert res["alibi"]["sliding"]["16"]["perplexity"] == res["alibi"]["nonoverlapping"]["16"]["perplexity"]
+    assert len(report["runs"]) == 6 and "[5/6]" in run.stdout  # 3 windows per checkpoint, the learned 6th not run
+    assert sorted(os.listdir(out / "logs")) == ["alibi-1-T16-C0.log", "alibi-1-T64-C0.log", "alibi-1-T64-C48.log",
+                                                "ape-learned-1-T16-C0.log", "ape-learned-1-T64-C0.log"]
+    table = (out / "lengths.md").read_text()
+    assert "| ape-learned | " in table and "| refused |" in table and (out / "lengths.png").stat().st_size > 10_000
+    assert exit_status(ex.main, argv) == 2  # an earlier result is kept
+    assert "pass --force" in capsys.readouterr().err
+
+
+def test_stock_model_that_skips_samples_is_an_error(lm_data, tmp_path):
+    """Stock transformer_lm at 2 L: fairseq skips the samples longer than L and prints a perplexity over the rest
+(over 0 tokens in issue 42's example);
+    the tool stops, naming the checkpoint, the length and the options."""
+    stock = train_lm(lm_data, tmp_path / "stock", "--arch", "transformer_lm", "--decoder-layers", "1",
+                     "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2",
+                     user_dir=False)
+    dataset = data_utils.load_indexed_dataset(str(lm_data / "test"), None)
+    tokens = int(dataset.sizes.sum())  # blocks of 32: only the short last one is within the model's limit
+    stock_run = cli("fairseq-eval-lm", lm_data, "--path", stock, "--gen-subset", "test", "--tokens-per-sample", "32",
+                    "--sample-break-mode", "none", "--max-tokens", "64")  # exit 0, a perplexity over part of the split
+    assert f"Evaluated {tokens % 32:,} tokens" in stock_run.stdout + stock_run.stderr
+    run = cli("fairseq-pe-lm-lengths", "--data", lm_data, "--train-length", str(L), "--multipliers", "2",
+              "--modes", "nonoverlapping", "--checkpoint", f"stock={stock}", "--out", tmp_path / "out", check=False)
+    assert run.returncode == 2, run.stderr
+    assert (f"--checkpoint stock={stock} at --tokens-per-sample 32 --context-window 0: fairseq-eval-lm evaluated "
+            f"{tokens % 32} of the split's {tokens} tokens") in run.stderr and "--multipliers" in run.stderr
+    assert not (tmp_path / "out" / "lengths.json").exists()
+
+
+def test_the_wiki103_recipe_commands_parse(tmp_path):
+    """scripts/recipes/lm-wiki103.sh with DRY_RUN=1: ALiBi's training command per system and length, read by
+    fairseq's own parser with the plugin (every option exists; the architecture is the wiki103 one with adaptive
+    input and softmax), and the evaluation by fairseq-pe-lm-lengths' parser."""
+    import shlex
+    import subprocess
+    import sys
+
+    from fairseq import options
+
+    from helpers import REPO
+
+    env = dict(os.environ, DRY_RUN="1", LENGTHS="512 1024", SYSTEMS="alibi ape-learned", NUM_GPUS="2",
+               PYTHON=sys.executable)
+    proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "recipes", "lm-wiki103.sh")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, check=True)
+    commands = [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ ")]
+    assert commands[0][0] == "fairseq-pe-prepare-wikitext" and not os.listdir(tmp_path)
+    trains = [c for c in commands if c[0] == "fairseq-train"]
+    assert len(trains) == 4
+    for c in trains:
+        args = options.parse_args_and_arch(options.get_training_parser(), c[1:])
+        assert args.arch == "transformer_lm_pe_wiki103" and args.adaptive_input and args.adaptive_softmax_cutoff
+        assert args.tokens_per_sample in (512, 1024) and args.max_tokens * args.update_freq[0] * 2 == 8 * 9216
+        assert args.lr_scheduler == "cosine" and args.max_update == 286000 and args.criterion == "adaptive_loss"
+    lengths = [ex.parse_args(c[1:]) for c in commands if c[0] == "fairseq-pe-lm-lengths"]
+    assert [a.train_length for a in lengths] == [512, 1024] and lengths[0].eval_lm_args == "--fp16"
+    assert lengths[0].multipliers == [1, 2, 4, 8, 16] and lengths[0].modes == ["nonoverlapping", "sliding"]
+    assert [c.split("=")[0] for c in lengths[1].checkpoint] == ["alibi", "ape-learned"]
