@@ -535,6 +535,19 @@ def precision_label(args) -> str:
     return f"{device}, {model_dtype(args)}"
 
 
+def check_same_size(args, model_flags, keys, lm=False):
+    """Stock (``--stock-arch``, ``--stock-flags``) and plugin (``--arch``) models have the same sizes, or a
+    UserError names what differs: ``(stock sizes, plugin sizes)``."""
+    stock_sizes = model_sizes(False, args.stock_arch, args.stock_flags_list + model_flags, lm=lm)
+    plugin_sizes = model_sizes(True, args.arch, model_flags, lm=lm)
+    differ = {k: (stock_sizes[k], plugin_sizes[k]) for k in keys if stock_sizes[k] != plugin_sizes[k]}
+    if differ:
+        raise UserError(f"--stock-arch {args.stock_arch} (--stock-flags {args.stock_flags!r}) and --arch {args.arch} "
+                        f"differ: {', '.join(f'{k} {a} vs {b}' for k, (a, b) in differ.items())}; pick a --size, "
+                        "or make --stock-arch/--stock-flags match --arch")
+    return stock_sizes, plugin_sizes
+
+
 def check_plugin(name, out, what):
     loaded = found(r"PLUGIN_LOADED (\d)", out, what, int)
     if loaded != (name != STOCK):
@@ -1410,13 +1423,7 @@ def lm_report(args, results):
 def lm_benchmark(args):
     outputs = [os.path.join(args.out, f"benchmark-lm.{ext}") for ext in ("md", "json", "png")]
     check_new_files(outputs, args.force, flag="--out", where=args.out)
-    stock_sizes = model_sizes(False, args.stock_arch, args.stock_flags_list + LM_MODEL_FLAGS, lm=True)
-    plugin_sizes = model_sizes(True, args.arch, LM_MODEL_FLAGS, lm=True)
-    differ = {k: (stock_sizes[k], plugin_sizes[k]) for k in LM_SIZE_KEYS if stock_sizes[k] != plugin_sizes[k]}
-    if differ:
-        raise UserError(f"--stock-arch {args.stock_arch} (--stock-flags {args.stock_flags!r}) and --arch {args.arch} "
-                        f"differ: {', '.join(f'{k} {a} vs {b}' for k, (a, b) in differ.items())}; pick a --size, "
-                        "or make --stock-arch/--stock-flags match --arch")
+    stock_sizes, plugin_sizes = check_same_size(args, LM_MODEL_FLAGS, LM_SIZE_KEYS, lm=True)
     systems = [STOCK] + [s for s in dict.fromkeys(args.systems) if s != STOCK]
     os.makedirs(args.out, exist_ok=True)
     threads = str(args.threads)
@@ -1629,13 +1636,7 @@ def benchmark(argv):
     outputs = [os.path.join(args.out, f"benchmark{'-long' if long_mode else ''}.{ext}")
                for ext in ("md", "json", "png")]
     check_new_files(outputs, args.force, flag="--out", where=args.out)
-    stock_sizes = model_sizes(False, args.stock_arch, args.stock_flags_list + MODEL_FLAGS)
-    plugin_sizes = model_sizes(True, args.arch, MODEL_FLAGS)
-    differ = {k: (stock_sizes[k], plugin_sizes[k]) for k in SIZE_KEYS if stock_sizes[k] != plugin_sizes[k]}
-    if differ:
-        raise UserError(f"--stock-arch {args.stock_arch} (--stock-flags {args.stock_flags!r}) and --arch {args.arch} "
-                        f"differ: {', '.join(f'{k} {a} vs {b}' for k, (a, b) in differ.items())}; pick a --size, "
-                        "or make --stock-arch/--stock-flags match --arch")
+    stock_sizes, plugin_sizes = check_same_size(args, MODEL_FLAGS, SIZE_KEYS)
     systems = [STOCK] + [s for s in dict.fromkeys(args.systems) if s != STOCK]
     if long_mode:
         threads = str(args.threads)

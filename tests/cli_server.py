@@ -123,6 +123,9 @@ def main():
     import fairseq.checkpoint_utils  # noqa: F401
     import fairseq.options  # noqa: F401
     import fairseq.trainer  # noqa: F401
+    # torch.optim's first Optimizer imports torch._dynamo (2 s of CPU in every forked fairseq-train otherwise); it
+    # starts no thread, so forking stays safe
+    import torch._dynamo  # noqa: F401
 
     protocol = os.fdopen(os.dup(1), "w")
     for line in sys.stdin:

@@ -23,8 +23,7 @@ def test_benchmark_script_smoke(tmp_path):
            "--systems", "rpe-learned", "--updates", "2", "--max-tokens", "500",
            "--sentences", "40", "--gen-sentences", "3", "--gen-len", "5", "--vocab", "50", "--lengths", "64",
            "--threads", "1", "--repeats", "2"]
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = cli(*cmd, check=False)  # the script from the tests' fork server; its measurements in fresh processes
     assert proc.returncode == 0, proc.stderr[-4000:]
     data = json.loads((out / "benchmark.json").read_text())
     res = data["results"]
@@ -91,7 +90,7 @@ def test_benchmark_script_smoke(tmp_path):
     assert sum("encoder forward T=64" in line for line in progress) == 2
 
     # a second run into the same --out needs --force
-    again = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    again = cli(*cmd, check=False)
     assert again.returncode == 2, again.stderr[-3000:]
     assert "--force" in again.stderr and "benchmark.md" in again.stderr
     assert json.loads((out / "benchmark.json").read_text()) == data  # untouched
@@ -99,11 +98,9 @@ def test_benchmark_script_smoke(tmp_path):
 
 def test_analysis_benchmark_script_smoke(tmp_path):
     out = tmp_path / "bench-analysis"
-    proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "scripts", "benchmark_analysis.py"), "--out", str(out),
-         "--arch", "roberta_pe_tiny", "--systems", "floater", "--vocab", "60", "--repeats", "2",
-         "--analyze-args", "--length", "16", "--probe-length", "16"],
-        capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    proc = cli(sys.executable, os.path.join(REPO, "scripts", "benchmark_analysis.py"), "--out", str(out),
+               "--arch", "roberta_pe_tiny", "--systems", "floater", "--vocab", "60", "--repeats", "2",
+               "--analyze-args", "--length", "16", "--probe-length", "16", check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads((out / "benchmark.json").read_text())["results"]
     assert list(res) == ["ape-sinusoidal", "floater"]
@@ -123,7 +120,7 @@ def test_benchmark_script_encoder_memory_only_with_a_left_padded_batch(tmp_path)
     cmd = [sys.executable, BENCHMARK, "--out", str(out), "--size", "tiny", "--systems", "fire-random",
            "--encoder-only", "--encoder-batch", "left-padded", "--vocab", "50", "--lengths", "64", "--threads", "1",
            "--bf16"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    proc = cli(*cmd, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     data = json.loads((out / "benchmark.json").read_text())
     res = data["results"]
@@ -425,3 +422,22 @@ def test_benchmark_language_model_targets_failures_and_arguments(monkeypatch):
         else:
             with pytest.raises(bench.MeasurementFailed, match="rope: language model failed .exit status 1"):
                 bench.lm_measure(args, "rope", {}, progress)
+
+
+def test_stock_and_plugin_models_of_different_sizes_are_refused():
+    """Both modes check, through one function, that stock fairseq's model and the plugin's have the same sizes: a
+    ratio between models of different sizes would compare nothing; the error names what differs and the options."""
+    import pytest
+
+    from fairseq_pe.errors import UserError
+
+    bench = load_script("benchmark_positions")
+    args = bench.parse_args(["--lm", "--size", "tiny"])
+    stock, plugin = bench.check_same_size(args, bench.LM_MODEL_FLAGS, bench.LM_SIZE_KEYS, lm=True)
+    assert stock == plugin
+    for argv, model_flags, keys, lm in ((["--lm", "--size", "tiny", "--stock-flags", "--decoder-layers 3"],
+                                         bench.LM_MODEL_FLAGS, bench.LM_SIZE_KEYS, True),
+                                        (["--size", "tiny", "--stock-flags", "--encoder-layers 3"],
+                                         bench.MODEL_FLAGS, bench.SIZE_KEYS, False)):
+        with pytest.raises(UserError, match=r"--stock-arch .* differ: .*layers .*3 vs 2.*pick a --size"):
+            bench.check_same_size(bench.parse_args(argv), model_flags, keys, lm=lm)

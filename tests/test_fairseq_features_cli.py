@@ -24,6 +24,9 @@ REPRESENTATIVE = {
     **catalogue.group("representative"),  # the catalogue's names and flags
     "rope-random-64": catalogue.flags("rope") + ["--pe-random-positions", "64"],
 }
+#: fairseq-generate's length limit here (its default, 200 tokens, is where a model of a few updates stops: most of the
+#: decoding time; no assertion here depends on the translations' length)
+MAX_LEN = ["--max-len-b", "10"]
 MODEL = ["--arch", "transformer_pe_tiny", "--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim",
          "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
          "--share-all-embeddings"]
@@ -62,7 +65,7 @@ def test_layerdrop_ema_averaging_pruning_and_retained_dropout(name, data, tmp_pa
                 averaged[key].dtype), msg=key)
 
     pruned = cli("fairseq-generate", data, "--user-dir", PLUGIN, "--path", str(avg), "--gen-subset", "test",
-                 "--beam", "2", "--batch-size", "4", "--cpu", "--model-overrides",
+                 "--beam", "2", "--batch-size", "4", "--cpu", *MAX_LEN, "--model-overrides",
                  "{'encoder_layers_to_keep': '0,2', 'decoder_layers_to_keep': '1'}", "--retain-dropout",
                  "--retain-dropout-modules", "['TransformerEncoder', 'TransformerDecoderLayerBase']")
     log = pruned.stdout + pruned.stderr
@@ -113,7 +116,8 @@ def test_retain_dropout_takes_the_layer_names_of_fairseqs_own_tests(data, tmp_pa
 
     def generate(seed, *retain):
         proc = cli("fairseq-generate", data, "--user-dir", PLUGIN, "--path", str(tmp_path / "checkpoint_last.pt"),
-                   "--gen-subset", "test", "--beam", "1", "--batch-size", "8", "--cpu", "--seed", str(seed), *retain)
+                   "--gen-subset", "test", "--beam", "1", "--batch-size", "8", "--cpu", *MAX_LEN, "--seed", str(seed),
+                   *retain)
         return re.findall(r"^H-\d+\t(\S+)", proc.stdout, re.M), proc.stdout + proc.stderr
 
     retain = ("--retain-dropout", "--retain-dropout-modules", "TransformerEncoder,TransformerEncoderLayer")

@@ -112,13 +112,14 @@ def short_data(tmp_path_factory):
     return dest
 
 
-def train_and_measure(data, save_dir, *flags):
-    """300 updates on ≤ 8-word sentences; the largest ‖state‖ (every block's position or bias) at each
-    position up to 8× the trained length, and the last validation loss."""
+def train_and_measure(data, save_dir, updates, *flags):
+    """``updates`` updates on ≤ 8-word sentences, validated and saved once, at the end; the largest ‖state‖ (every
+    block's position or bias) at each position up to 8× the trained length, and the validation loss."""
     out = cli("fairseq-train", data, "--user-dir", PLUGIN, "--arch", "transformer_pe_tiny", *flags,
               "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.005", "--clip-norm", "1.0",
               "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50", "--max-tokens", "1000",
-              "--max-update", "300", "--no-epoch-checkpoints", "--seed", "1", "--cpu", "--num-workers", "0",
+              "--max-update", str(updates), "--save-interval", "1000", "--validate-interval", "1000",
+              "--no-epoch-checkpoints", "--seed", "1", "--cpu", "--num-workers", "0",
               "--share-all-embeddings", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
               "--save-dir", save_dir, "--log-format", "simple", "--log-interval", "100")
     loss = float(re.findall(r"valid on 'valid' subset \| loss ([\d.]+)", out.stdout + out.stderr)[-1])
@@ -132,11 +133,15 @@ def train_and_measure(data, save_dir, *flags):
 @pytest.mark.parametrize("form", [("--pe-absolute", "floater", "--pe-all-blocks"),
                                   ("--pe-absolute", "sinusoidal", "--pe-floater-bias")], ids=["all-blocks", "bias"])
 def test_positions_of_a_trained_floater_stay_bounded_at_8x_the_training_length(short_data, tmp_path, form):
-    norms, loss = train_and_measure(short_data, str(tmp_path / "default"), *form)
+    # 200 updates: the validation loss is below 2.0 from about 170 on, for both forms (all-blocks 1.84 after 160
+    # updates, 1.66 after 200; bias 1.88 after 175, 1.55 after 225)
+    norms, loss = train_and_measure(short_data, str(tmp_path / "default"), 200, *form)
     within, beyond = float(norms[:TRAINED].max()), float(norms.max())
     assert beyond <= BOUND_AT_8X * within, f"‖p‖ {within:.3g} within the trained length, {beyond:.3g} at 8×"
     assert loss < 2.0  # it learned (the unigram entropy of this vocabulary is about 7 bits)
-    # the paper's unbounded h with the official Δt: the same training explodes, so this test can fail
-    norms, _ = train_and_measure(short_data, str(tmp_path / "paper"), *form, "--pe-floater-bound", "0",
+    # the paper's unbounded h with the official Δt: the same training explodes, so this test can fail; its first 100
+    # updates suffice (8× the trained length over within it: 3.8e3 (all-blocks) and 8.8e7 (bias) after 75 updates,
+    # 2.9e9 and 5.4e12 after 125)
+    norms, _ = train_and_measure(short_data, str(tmp_path / "paper"), 100, *form, "--pe-floater-bound", "0",
                                  "--pe-floater-dt", "0.01")
     assert float(norms.max()) > 1e3 * float(norms[:TRAINED].max())

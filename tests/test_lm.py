@@ -242,8 +242,10 @@ def test_rope_scaling_applies_at_evaluation_through_model_overrides(lm_data):
     assert scaled[1] != plain[1]
 
 
-def test_interactive_and_the_hub_generate_from_a_trained_model(lm_data, tmp_path):
-    checkpoint = train_lm(lm_data, "alibi")
+def test_interactive_and_the_hub_generate_from_a_trained_model(lm_data, tmp_path, monkeypatch):
+    with monkeypatch.context() as forked:  # its training (if not done yet) from the fork server, fairseq-interactive
+        forked.setenv("FAIRSEQ_PE_TEST_FORK", "1")  # fresh (tests/fresh_subset.py: fairseq-train in test_cli_server.py)
+        checkpoint = train_lm(lm_data, "alibi")
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("w3 w4 w5\n")
     proc = cli("fairseq-interactive", lm_data / "bin", "--path", checkpoint, "--user-dir", PLUGIN, "--task",

@@ -98,6 +98,7 @@ def test_seeds_give_mean_sample_sd_and_every_value():
     table = ex.markdown(report)
     assert "| system | 16 (1×) | 32 (2×) |" in table and "| rope | 12.17 ± 2.25 | refused |" in table
     assert "- rope, sliding, N = 32: too long" in table and "--context-window N-16" in table
+    assert "| rope | 2 | 12.00 | refused |" in table and "| rope | 3 | 14.50 | refused |" in table  # every seed
 
 
 @pytest.fixture(scope="module")
@@ -167,13 +168,15 @@ def test_alibi_and_a_learned_table_at_1x_and_4x(lm_data, tmp_path, monkeypatch, 
     assert "pass --force" in capsys.readouterr().err
 
 
-def test_stock_model_that_skips_samples_is_an_error(lm_data, tmp_path):
+def test_stock_model_that_skips_samples_is_an_error(lm_data, tmp_path, monkeypatch):
     """Stock transformer_lm at 2 L: fairseq skips the samples longer than L and prints a perplexity over the rest
 (over 0 tokens in issue 42's example);
     the tool stops, naming the checkpoint, the length and the options."""
-    stock = train_lm(lm_data, tmp_path / "stock", "--arch", "transformer_lm", "--decoder-layers", "1",
-                     "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2",
-                     user_dir=False)
+    with monkeypatch.context() as forked:  # its training from the fork server (tests/fresh_subset.py runs
+        forked.setenv("FAIRSEQ_PE_TEST_FORK", "1")  # fairseq-train fresh in test_cli_server.py), the tools fresh
+        stock = train_lm(lm_data, tmp_path / "stock", "--arch", "transformer_lm", "--decoder-layers", "1",
+                         "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads",
+                         "2", user_dir=False)
     dataset = data_utils.load_indexed_dataset(str(lm_data / "test"), None)
     tokens = int(dataset.sizes.sum())  # blocks of 32: only the short last one is within the model's limit
     stock_run = cli("fairseq-eval-lm", lm_data, "--path", stock, "--gen-subset", "test", "--tokens-per-sample", "32",
@@ -216,3 +219,58 @@ def test_the_wiki103_recipe_commands_parse(tmp_path):
     assert [a.train_length for a in lengths] == [512, 1024] and lengths[0].eval_lm_args == "--fp16"
     assert lengths[0].multipliers == [1, 2, 4, 8, 16] and lengths[0].modes == ["nonoverlapping", "sliding"]
     assert [c.split("=")[0] for c in lengths[1].checkpoint] == ["alibi", "ape-learned"]
+
+
+def test_jobs_evaluate_checkpoints_in_parallel_with_the_same_results(tmp_path, monkeypatch):
+    """``--jobs 3``: three checkpoints' runs overlap, each checkpoint's windows still in order (shorter first, a
+    refusal skipping the longer ones), and the report is that of ``--jobs 1``; the first error stops the others
+    at their next window."""
+    import threading
+    import time
+
+    calls, active, peak, lock = [], [0], [0], threading.Lock()
+
+    def fake_point(args, path, T, C, expected, log_path, where):
+        with lock:
+            calls.append((path, T, C))
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.05)
+        with lock:
+            active[0] -= 1
+        if "broken" in path and T > L:
+            raise UserError(f"{where}: broken")
+        if "learned" in path and T > L:
+            return {"refused": "--tokens-per-sample past the table", "seconds": 0.0}
+        return {"perplexity": 10.0 + T / 100 + C / 1000 + len(path), "loss_base2": 3.0, "tokens": 82, "seconds": 0.1}
+
+    monkeypatch.setattr(ex, "run_point", fake_point)
+    monkeypatch.setattr(ex, "split_tokens", lambda data, subset: 82)
+    paths = {}
+    for name in ("alibi-1", "alibi-2", "learned"):
+        paths[name] = tmp_path / f"{name}.pt"
+        paths[name].write_text("")
+    checkpoints = [f"alibi={paths['alibi-1']}", f"alibi={paths['alibi-2']}", f"ape-learned={paths['learned']}"]
+
+    def report(jobs, out):
+        calls.clear()
+        peak[0] = 0
+        argv = ["--data", str(tmp_path), "--train-length", str(L), "--multipliers", "1", "2", "4", "--jobs", str(jobs),
+                "--checkpoint", *checkpoints, "--out", str(tmp_path / out)]
+        return ex.evaluate(ex.parse_args(argv))
+
+    one = report(1, "one")
+    assert peak[0] == 1 and len(calls) == 3 * 5 - 3  # 5 windows each; the learned table's 2 after its refusal not run
+    three = report(3, "three")
+    assert peak[0] == 3
+    for path in paths.values():  # each checkpoint's windows in the order of --jobs 1
+        assert [c for c in calls if c[0] == str(path)] == sorted(c for c in calls if c[0] == str(path))
+    assert three["results"] == one["results"] and three["runs"] == one["runs"]
+    assert three["results"]["ape-learned"]["sliding"]["64"]["refused"].startswith("not run: refused at N = 32")
+
+    broken = tmp_path / "broken.pt"
+    broken.write_text("")
+    checkpoints.append(f"broken={broken}")
+    with pytest.raises(UserError, match="broken"):
+        report(4, "broken")
+    assert len(calls) <= 4 * 3  # the others stopped at their next window (else 5 + 5 + 3 + 2 = 15)

@@ -27,7 +27,8 @@ def test_lm_cpu_recipe_smoke_and_resume(tmp_path):
         shutil.copy(os.path.join(sotu, name), data / name)
     work = tmp_path / "work"
     env = dict(DATA=str(data), VOCAB="300", VALID_PERCENT="10", TEST_PERCENT="10", L="16", MAX_UPDATE="3",
-               MAX_TOKENS="256", WARMUP="2", SYSTEMS="alibi", SEEDS="1", MULTIPLIERS="2", JOBS="1")
+               MAX_TOKENS="256", WARMUP="2", SYSTEMS="alibi", SEEDS="1", MULTIPLIERS="2", JOBS="1",
+               MODES="nonoverlapping sliding")
     command = ["env", *[f"{k}={v}" for k, v in env.items()], "bash", RECIPE, str(work)]
     out = cli(*command)
     report = json.loads((work / "lengths" / "lengths.json").read_text())
@@ -50,7 +51,7 @@ def test_lm_cpu_recipe_smoke_and_resume(tmp_path):
 
 def test_lm_cpu_recipe_quick_subset_and_bad_systems(tmp_path):
     """QUICK=1: the catalogue's lm-wiki103 systems (the GPU recipe's) with their catalogue flags, one seed, L = 64,
-    evaluated at 1..16L; an unknown system is refused by name before anything runs."""
+    evaluated at 1..32L, non-overlapping, two checkpoints at a time; an unknown system is refused by name before anything runs."""
     env = dict(os.environ, DRY_RUN="1", QUICK="1", PYTHON=sys.executable)
     proc = subprocess.run(["bash", RECIPE, str(tmp_path / "work")], env=env, capture_output=True, text=True,
                           cwd=tmp_path)
@@ -64,7 +65,8 @@ def test_lm_cpu_recipe_quick_subset_and_bad_systems(tmp_path):
         assert c[c.index("--tokens-per-sample") + 1] == "64" and c[c.index("--arch") + 1] == "transformer_lm_pe_tiny"
         assert c[c.index("--save-dir") + 1].endswith(f"/runs/{name}-s1")
     lengths = next(c for c in commands if c[0] == "fairseq-pe-lm-lengths")
-    assert lengths[lengths.index("--multipliers") + 1:lengths.index("--modes")] == ["1", "2", "4", "8", "16"]
+    assert lengths[lengths.index("--multipliers") + 1:lengths.index("--modes")] == ["1", "2", "4", "8", "16", "32"]
+    assert lengths[lengths.index("--modes") + 1] == "nonoverlapping" and lengths[lengths.index("--jobs") + 1] == "2"
     assert [a.split("=")[0] for a in lengths[lengths.index("--checkpoint") + 1:]
             if "=" in a and a.endswith(".pt")] == list(quick)
     assert not (tmp_path / "work").exists()

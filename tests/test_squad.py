@@ -432,7 +432,8 @@ TRAIN = ["--optimizer", "adam", "--lr", "1e-3", "--batch-size", "8", "--cpu", "-
     ("1.1", ["--pe-absolute", "learned"]),
     ("2.0", ["--pe-absolute", "none", "--pe-relative", "learned"]),
 ], ids=["v1.1-ape-learned", "v2.0-rpe-learned"])
-def test_end_to_end_pretrain_128_finetune_and_predict_longer(spm_dict, tmp_path, capsys, version, flags):
+def test_end_to_end_pretrain_128_finetune_and_predict_longer(spm_dict, tmp_path, capsys, monkeypatch, version,
+                                                             flags):
     """Pretrain a masked LM on 32-token blocks (positions 0..31), fine-tune and predict on 64-token
     features (the long-passage point, scaled down), then reload the checkpoint and predict again."""
     dev = spm_dict["dev"]
@@ -445,13 +446,16 @@ def test_end_to_end_pretrain_128_finetune_and_predict_longer(spm_dict, tmp_path,
               "24", "--max-query-length", "50").stdout
     assert f"SQuAD version {version}" in out and "windows per question" in out
 
-    cli("fairseq-train", spm_dict["mono"], "--task", "masked_lm", "--criterion", "masked_lm", "--tokens-per-sample",
-        "32", "--max-positions", "32", "--max-update", "3", "--save-dir", str(tmp_path / "mlm"), *MODEL, *flags,
-        *TRAIN)
-    ft = cli("fairseq-train", data, "--task", "span_prediction", "--criterion", "span_prediction", "--max-positions",
-             "64", "--max-update", "4", "--save-dir", str(tmp_path / "ft"), "--restore-file",
-             str(tmp_path / "mlm" / "checkpoint_last.pt"), "--reset-optimizer", "--reset-dataloader",
-             "--reset-meters", *MODEL, *flags, *TRAIN)
+    with monkeypatch.context() as forked:  # fairseq-train from the fork server even in the fresh subset (the tools
+        # run fresh here; tests/fresh_subset.py runs fairseq-train fresh in test_cli_server.py)
+        forked.setenv("FAIRSEQ_PE_TEST_FORK", "1")
+        cli("fairseq-train", spm_dict["mono"], "--task", "masked_lm", "--criterion", "masked_lm",
+            "--tokens-per-sample", "32", "--max-positions", "32", "--max-update", "3", "--save-dir",
+            str(tmp_path / "mlm"), *MODEL, *flags, *TRAIN)
+        ft = cli("fairseq-train", data, "--task", "span_prediction", "--criterion", "span_prediction",
+                 "--max-positions", "64", "--max-update", "4", "--save-dir", str(tmp_path / "ft"), "--restore-file",
+                 str(tmp_path / "mlm" / "checkpoint_last.pt"), "--reset-optimizer", "--reset-dataloader",
+                 "--reset-meters", *MODEL, *flags, *TRAIN)
     log = ft.stdout + ft.stderr
     assert "Loaded checkpoint" in log and "new span head weights" in log
     assert "valid on 'valid' subset" in log and "span_acc" in log

@@ -31,17 +31,22 @@ Several checkpoints of one NAME are seeds: each cell is their mean ± sample sta
 mode: rows systems, columns lengths), ``lengths.json``, ``lengths.png`` (perplexity against evaluation length,
 log2 x axis, one line per system in the colours of :mod:`fairseq_pe.plotting`, a panel per mode) and
 ``logs/`` (each fairseq-eval-lm run's output, rewritten by the next run), written atomically, the results
-never over an earlier result without ``--force``.  ``--max-tokens M``: batches of max(1, M // N) windows of N
-tokens, context included (fairseq's own ``--max-tokens`` counts a sliding window's new tokens only).
+never over an earlier result without ``--force``.  ``--jobs J`` evaluates J checkpoints at a time (each one's
+windows in order, shorter first; the report is the same as one at a time).  ``--max-tokens M``: batches of
+max(1, M // N) windows of N tokens, context included (fairseq's own ``--max-tokens`` counts a sliding window's
+new tokens only).
 """
 
 import argparse
+import concurrent.futures
+import itertools
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -234,6 +239,15 @@ def markdown(report: dict) -> str:
             out.append(f"| {system} | " + " | ".join(row) + " |")
             refusals += [f"- {system}, {mode}, N = {n}: {cells[mode][str(n)]['refused']}" for n in lengths
                          if "refused" in cells[mode][str(n)]]
+        if seeds != [1]:  # every seed's reading, in the order of its --checkpoint
+            out += ["", "Every seed (checkpoint k of the system, in the order given):", "",
+                    "| system | checkpoint | " + " | ".join(str(n) for n in lengths) + " |",
+                    "|---|---:|" + "---:|" * len(lengths)]
+            for system, cells in report["results"].items():
+                for k in range(len(report["checkpoints"][system])):
+                    row = ["refused" if "refused" in cells[mode][str(n)] else
+                           f"{cells[mode][str(n)]['perplexity_seeds'][k]:.2f}" for n in lengths]
+                    out.append(f"| {system} | {k + 1} | " + " | ".join(row) + " |")
     if refusals:
         out += ["", "Refused:", ""] + refusals
     return "\n".join(out) + "\n"
@@ -299,11 +313,16 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         "(default 8192)")
     p.add_argument("--eval-lm-args", default="",
                    help="more options for every fairseq-eval-lm run, one string (e.g. \"--fp16\" or \"--cpu\")")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="checkpoints evaluated at a time, one fairseq-eval-lm each (default 1; give each run's threads "
+                        "with OMP_NUM_THREADS)")
     p.add_argument("--out", required=True, help="output folder: lengths.{md,json,png}, logs/")
     p.add_argument("--force", action="store_true", help="replace the files of an earlier run in --out")
     args = p.parse_args(argv)
     if args.train_length < 1:
         p.error("--train-length must be positive")
+    if args.jobs < 1:
+        p.error("--jobs must be positive")
     if any(m < 1 for m in args.multipliers):
         p.error("--multipliers must be positive integers")
     args.multipliers = sorted(set(args.multipliers))
@@ -333,26 +352,56 @@ def evaluate(args: argparse.Namespace) -> dict:
     runs: Dict[Tuple[str, int, int], dict] = {}  # (checkpoint, T, C) -> run: the same command runs once
     todo = sorted({(path, *windows[key]) for paths in checkpoints.values() for path in paths for key in windows},
                   key=lambda k: (k[0], k[1], k[2]))  # per checkpoint, shorter windows first
-    refused_at: Dict[str, Tuple[int, str]] = {}  # checkpoint -> the shortest window refused and why
     log(f"{len(checkpoints)} systems, {sum(map(len, checkpoints.values()))} checkpoints, {len(todo)} fairseq-eval-lm "
-        f"runs on {args.data} {args.gen_subset} ({expected:,} tokens)")
+        f"runs on {args.data} {args.gen_subset} ({expected:,} tokens)"
+        + (f", {args.jobs} at a time" if args.jobs > 1 else ""))
     names = {path: (name, i) for name, paths in checkpoints.items() for i, path in enumerate(paths)}
-    for k, (path, T, C) in enumerate(todo, 1):
+    points: Dict[str, List[Tuple[int, int]]] = {}
+    for path, T, C in todo:
+        points.setdefault(path, []).append((T, C))
+    done = itertools.count(1)
+    lock = threading.Lock()
+    stop = threading.Event()  # set by the first error: the other checkpoints stop at their next window
+
+    def run_checkpoint(path: str) -> Dict[Tuple[str, int, int], dict]:
+        """One checkpoint's windows, shorter first: a refused length refuses every longer window too."""
         name, seed = names[path]
-        where = f"--checkpoint {name}={path} at --tokens-per-sample {T} --context-window {C}"
-        log_path = os.path.join(out, "logs", re.sub(r"[^\w.+-]", "_", name) + f"-{seed + 1}-T{T}-C{C}.log")
-        if path in refused_at and T >= refused_at[path][0]:  # a length limit refuses every longer window too
-            run = {"refused": f"not run: refused at N = {refused_at[path][0]} already ({refused_at[path][1]})",
-                   "seconds": 0.0}
-        else:
-            run = run_point(args, path, T, C, expected, log_path, where)
-            if "refused" in run:
-                refused_at[path] = (T, run["refused"])
-        runs[(path, T, C)] = run
-        result = (f"refused: {run['refused']}" if "refused" in run else
-                  f"perplexity {run['perplexity']:.2f} over {run['tokens']:,} tokens")
-        log(f"[{k}/{len(todo)}] {name} (checkpoint {seed + 1} of {len(checkpoints[name])}) N = {T}, context {C}: "
-            f"{result} ({run['seconds']:.1f} s)")
+        refused_at: Optional[Tuple[int, str]] = None  # the shortest window refused and why
+        mine = {}
+        for T, C in points[path]:
+            if stop.is_set():
+                break
+            where = f"--checkpoint {name}={path} at --tokens-per-sample {T} --context-window {C}"
+            log_path = os.path.join(out, "logs", re.sub(r"[^\w.+-]", "_", name) + f"-{seed + 1}-T{T}-C{C}.log")
+            if refused_at is not None and T >= refused_at[0]:
+                run = {"refused": f"not run: refused at N = {refused_at[0]} already ({refused_at[1]})",
+                       "seconds": 0.0}
+            else:
+                run = run_point(args, path, T, C, expected, log_path, where)
+                if "refused" in run:
+                    refused_at = (T, run["refused"])
+            mine[(path, T, C)] = run
+            result = (f"refused: {run['refused']}" if "refused" in run else
+                      f"perplexity {run['perplexity']:.2f} over {run['tokens']:,} tokens")
+            with lock:
+                log(f"[{next(done)}/{len(todo)}] {name} (checkpoint {seed + 1} of {len(checkpoints[name])}) N = {T}, "
+                    f"context {C}: {result} ({run['seconds']:.1f} s)")
+        return mine
+
+    # checkpoints in parallel (--jobs), each one's windows in order; the first error stops the others at their next
+    # window; the report lists the runs in the order of --jobs 1
+    collected: Dict[Tuple[str, int, int], dict] = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(run_checkpoint, path) for path in points]
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                collected.update(future.result())
+        except BaseException:
+            stop.set()
+            for future in futures:
+                future.cancel()
+            raise
+    runs.update((key, collected[key]) for key in todo)
     results = {name: {mode: {str(n): dict(combine([runs[(path, *windows[(mode, n)])] for path in paths]),
                                           tokens_per_sample=windows[(mode, n)][0],
                                           context_window=windows[(mode, n)][1])
