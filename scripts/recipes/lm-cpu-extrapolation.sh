@@ -26,13 +26,12 @@
 # Systems: SYSTEMS (space-separated catalogue names; default the catalogue's group "encodings", one system per
 # encoding, FLOATER in its three forms: `python -m fairseq_pe.systems names encodings`; with QUICK=1 the group
 # "lm-wiki103" of the GPU recipe: sinusoidal, RoPE, T5's bias, ALiBi (ALiBi's Figure 1) and KERPLE-log).
-# Time, measured on the 2-core CPU machine of this project while other sessions' tests kept its load average at 5-6
-# (no idle cores; one run alone, so every figure is an upper bound): one ALiBi run with the defaults (1,500 updates,
-# one thread) 20 min 37 s (fairseq's "done training in 1221.5 seconds", 1.0-1.3 updates/s, where an idle core
-# should do several times better); its evaluation at 1..16L in both modes 8 min (MULTIPLIERS="1 2 4 8 16 32": 13 min;
-# a sliding window of N tokens scores L of them, so N = 32L costs 32 times the non-overlapping pass).  At those
-# rates the full recipe (18 systems x 3 seeds = 54 runs, two at a time) is about 9.3 h of training and 7.2 h of
-# evaluation (one point at a time); QUICK=1 (5 runs) about 52 min + 40 min.
+# Time, measured on the 2-core CPU machine of this project (two runs at a time, one thread each), with other tests
+# sharing it most of the time: the APE runs 123-146 s each at a load average of 2-5, 295-311 s at 8-10; the relative
+# and bias encodings 156-290 s at 4-6, 316-513 s at 8-10; FLOATER (an ODE solve per pass) 533-607 s.  Estimated
+# from these, the full recipe (18 systems x 3 seeds = 54 runs) trains in about 1.5-2 h on an idle machine (3 h or
+# more as run here); its evaluation is 324 fairseq-eval-lm runs of about 10 s each, two at a time: about 30 min.
+# QUICK=1 (5 runs, one seed): about 10-15 min in all, a few minutes per encoding.
 # A re-run resumes: finished runs (their train.done) are skipped, and the evaluation is skipped while the
 # checkpoints it was run on (lengths/checkpoints.txt) are the same; delete WORKDIR/runs/NAME-sSEED to redo one.
 # Environment: DATA, L, VOCAB, VALID_PERCENT, TEST_PERCENT, ARCH, SYSTEMS, SEEDS, QUICK, MAX_UPDATE, MAX_TOKENS, LR,
