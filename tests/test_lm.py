@@ -17,8 +17,8 @@ from fairseq.models import ARCH_CONFIG_REGISTRY
 from fairseq_pe import systems
 from fairseq_pe.models.transformer_lm_pe import TransformerPELanguageModel
 
-from helpers import (ALL_ENCODINGS, PLUGIN, PRECISION_FLAGS, assert_user_error, cli, dictionary, optimizer_gradients,
-                     random_tokens)
+from helpers import (ALL_ENCODINGS, PLUGIN, PRECISION_FLAGS, assert_user_error, cli, dictionary, forked,
+                     optimizer_gradients, random_tokens)
 
 #: a 2-layer model of 16 dimensions and 2 heads, trained at 16 tokens
 SMALL = ["--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2"]
@@ -242,9 +242,8 @@ def test_rope_scaling_applies_at_evaluation_through_model_overrides(lm_data):
     assert scaled[1] != plain[1]
 
 
-def test_interactive_and_the_hub_generate_from_a_trained_model(lm_data, tmp_path, monkeypatch):
-    with monkeypatch.context() as forked:  # its training (if not done yet) from the fork server, fairseq-interactive
-        forked.setenv("FAIRSEQ_PE_TEST_FORK", "1")  # fresh (tests/fresh_subset.py: fairseq-train in test_cli_server.py)
+def test_interactive_and_the_hub_generate_from_a_trained_model(lm_data, tmp_path):
+    with forked():  # its training (if not done yet) from the fork server, fairseq-interactive fresh
         checkpoint = train_lm(lm_data, "alibi")
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("w3 w4 w5\n")

@@ -14,7 +14,7 @@ from fairseq.data import data_utils
 from fairseq_pe.errors import UserError
 from fairseq_pe.lm import extrapolation as ex
 
-from helpers import PLUGIN, cli, exit_status
+from helpers import PLUGIN, cli, exit_status, forked
 
 L = 16  # the training length of the tiny models
 
@@ -168,12 +168,11 @@ def test_alibi_and_a_learned_table_at_1x_and_4x(lm_data, tmp_path, monkeypatch, 
     assert "pass --force" in capsys.readouterr().err
 
 
-def test_stock_model_that_skips_samples_is_an_error(lm_data, tmp_path, monkeypatch):
+def test_stock_model_that_skips_samples_is_an_error(lm_data, tmp_path):
     """Stock transformer_lm at 2 L: fairseq skips the samples longer than L and prints a perplexity over the rest
 (over 0 tokens in issue 42's example);
     the tool stops, naming the checkpoint, the length and the options."""
-    with monkeypatch.context() as forked:  # its training from the fork server (tests/fresh_subset.py runs
-        forked.setenv("FAIRSEQ_PE_TEST_FORK", "1")  # fairseq-train fresh in test_cli_server.py), the tools fresh
+    with forked():  # its training from the fork server, the tools fresh
         stock = train_lm(lm_data, tmp_path / "stock", "--arch", "transformer_lm", "--decoder-layers", "1",
                          "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads",
                          "2", user_dir=False)

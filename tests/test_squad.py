@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers import PLUGIN, cli, exit_status, shared_data
+from helpers import PLUGIN, cli, exit_status, forked, shared_data
 
 from fairseq_pe.bert import squad
 from fairseq_pe.data_prep import squad as prep
@@ -432,7 +432,7 @@ TRAIN = ["--optimizer", "adam", "--lr", "1e-3", "--batch-size", "8", "--cpu", "-
     ("1.1", ["--pe-absolute", "learned"]),
     ("2.0", ["--pe-absolute", "none", "--pe-relative", "learned"]),
 ], ids=["v1.1-ape-learned", "v2.0-rpe-learned"])
-def test_end_to_end_pretrain_128_finetune_and_predict_longer(spm_dict, tmp_path, capsys, monkeypatch, version,
+def test_end_to_end_pretrain_128_finetune_and_predict_longer(spm_dict, tmp_path, capsys, version,
                                                              flags):
     """Pretrain a masked LM on 32-token blocks (positions 0..31), fine-tune and predict on 64-token
     features (the long-passage point, scaled down), then reload the checkpoint and predict again."""
@@ -446,9 +446,7 @@ def test_end_to_end_pretrain_128_finetune_and_predict_longer(spm_dict, tmp_path,
               "24", "--max-query-length", "50").stdout
     assert f"SQuAD version {version}" in out and "windows per question" in out
 
-    with monkeypatch.context() as forked:  # fairseq-train from the fork server even in the fresh subset (the tools
-        # run fresh here; tests/fresh_subset.py runs fairseq-train fresh in test_cli_server.py)
-        forked.setenv("FAIRSEQ_PE_TEST_FORK", "1")
+    with forked():  # the trainings from the fork server, the tools fresh
         cli("fairseq-train", spm_dict["mono"], "--task", "masked_lm", "--criterion", "masked_lm",
             "--tokens-per-sample", "32", "--max-positions", "32", "--max-update", "3", "--save-dir",
             str(tmp_path / "mlm"), *MODEL, *flags, *TRAIN)
