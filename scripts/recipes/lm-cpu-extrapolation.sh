@@ -26,12 +26,11 @@
 # Systems: SYSTEMS (space-separated catalogue names; default the catalogue's group "encodings", one system per
 # encoding, FLOATER in its three forms: `python -m fairseq_pe.systems names encodings`; with QUICK=1 the group
 # "lm-wiki103" of the GPU recipe: sinusoidal, RoPE, T5's bias, ALiBi (ALiBi's Figure 1) and KERPLE-log).
-# Time, measured on the 2-core CPU machine of this project (two runs at a time, one thread each), with other tests
-# sharing it most of the time: the APE runs 123-146 s each at a load average of 2-5, 295-311 s at 8-10; the relative
-# and bias encodings 156-290 s at 4-6, 316-513 s at 8-10; FLOATER (an ODE solve per pass) 533-607 s.  Estimated
-# from these, the full recipe (18 systems x 3 seeds = 54 runs) trains in about 1.5-2 h on an idle machine (3 h or
-# more as run here); its evaluation is 324 fairseq-eval-lm runs of about 10 s each, two at a time: about 30 min.
-# QUICK=1 (5 runs, one seed): about 10-15 min in all, a few minutes per encoding.
+# Time, measured on the 2-core CPU machine of this project (two runs at a time, one thread each): 103-162 s per
+# training where nothing else ran, up to 8.5 min under other tests' load, FLOATER (an ODE solve per pass) 420-607 s;
+# the evaluation's 324 fairseq-eval-lm runs 59 min with other work sharing the machine (28-42 s each).  On an idle
+# machine the full recipe (18 systems x 3 seeds = 54 runs) takes about 1.5 h of training and under an hour of
+# evaluation; QUICK=1 (5 runs, one seed) about 10-15 min in all.  The results of the full recipe, 3 seeds: docs/results.md.
 # A re-run resumes: finished runs (their train.done) are skipped, and the evaluation is skipped while the
 # checkpoints it was run on (lengths/checkpoints.txt) are the same; delete WORKDIR/runs/NAME-sSEED to redo one.
 # Environment: DATA, L, VOCAB, VALID_PERCENT, TEST_PERCENT, ARCH, SYSTEMS, SEEDS, QUICK, MAX_UPDATE, MAX_TOKENS, LR,
