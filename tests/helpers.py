@@ -122,15 +122,9 @@ def forked():
     """Inside the block, ``cli`` runs console scripts from the fork server even in a test of the fresh subset: for
     the steps that only set up what the test checks (a training), while the tools the test is named for in
     tests/fresh_subset.py run fresh outside it (``fairseq-train`` itself runs fresh in test_cli_server.py)."""
-    before = os.environ.get("FAIRSEQ_PE_TEST_FORK")
-    os.environ["FAIRSEQ_PE_TEST_FORK"] = "1"
-    try:
+    with pytest.MonkeyPatch.context() as patch:  # the variable as it was afterwards, as the monkeypatch fixture does
+        patch.setenv("FAIRSEQ_PE_TEST_FORK", "1")
         yield
-    finally:
-        if before is None:
-            os.environ.pop("FAIRSEQ_PE_TEST_FORK", None)
-        else:
-            os.environ["FAIRSEQ_PE_TEST_FORK"] = before
 
 
 #: the console scripts that ``cli`` ran as a new interpreter, by name, since conftest.py emptied it (each test's start)
