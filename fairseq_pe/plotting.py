@@ -8,9 +8,9 @@ family   systems (quickstart names; anything containing them)         colours
 ======== =========================================================== ==========
 control  ``none``                                                     black
 APE      ``ape-*``                                                    blues
-RPE      ``rpe-*`` and combinations (``ape-sin+rpe-learned``)         greens
-rotary   ``rope*``, ``xpos``                                          purples
-bias     ``alibi``, ``t5``, ``kerple-*``, ``sandwich``, ``fire``      reds
+RPE      ``rpe-*``, combinations (``ape-sin+rpe-learned``), ``cope`` greens
+rotary   ``rope*``, ``p-rope``, ``xpos``, ``fope``                    purples
+bias     ``alibi`` ``t5`` ``kerple-*`` ``sandwich`` ``fire`` ``fox`` reds
 FLOATER  ``floater*``                                                 oranges
 other    any other name                                               a qualitative palette
 ======== =========================================================== ==========
@@ -31,7 +31,7 @@ SHADES = (0.45, 0.95)
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "p", "h", "<", ">", "d", "H", "8", "1", "2", "3", "4", "+", "x")
 LINESTYLES = ("-", "--", ":", "-.")
 
-_BIAS = re.compile(r"\b(alibi|t5|kerple[-\w]*|sandwich|fire)\b")
+_BIAS = re.compile(r"\b(alibi|t5|kerple[-\w]*|sandwich|fire|fox)\b")
 
 
 def family(name: str) -> str:
@@ -39,11 +39,11 @@ def family(name: str) -> str:
     n = name.lower()
     if "floater" in n:
         return "FLOATER"
-    if "rpe" in n:  # rpe-*, and combinations with an RPE
+    if "rpe" in n or re.search(r"\bcope\b", n):  # rpe-*, combinations with an RPE, CoPE (q·e[p], Shaw-like)
         return "RPE"
     if n.startswith("ape") or re.search(r"\bape-", n):
         return "APE"
-    if n.startswith(("rope", "xpos")) or re.search(r"\b(rope|xpos)\b", n):
+    if n.startswith(("rope", "xpos", "fope")) or re.search(r"\b(rope|xpos|fope)\b", n):
         return "rotary"
     if _BIAS.search(n):
         return "bias"

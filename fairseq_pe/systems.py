@@ -29,7 +29,10 @@ from typing import Dict, List, Optional, Tuple
 RANDOM_POSITIONS = "256"
 #: the encodings with trainable position parameters (the others are functions of the positions)
 TRAINABLE_ABSOLUTE = ("learned", "learnable-sinusoidal", "floater")
-TRAINABLE_RELATIVE = ("learned", "learnable-sinusoidal", "t5", "kerple-log", "kerple-power", "fire")
+TRAINABLE_RELATIVE = ("learned", "learnable-sinusoidal", "t5", "kerple-log", "kerple-power", "fire", "fox", "cope")
+#: relative encodings that take no positions (FoX's gates, CoPE's counts come from the data): randomised positions
+#: change nothing of them (``options.py`` refuses them there without an absolute encoding)
+POSITIONLESS_RELATIVE = ("fox", "cope")
 
 
 @dataclass(frozen=True)
@@ -63,13 +66,14 @@ class System:
     def trainable(self) -> bool:
         """It has trainable position parameters (checked against training by tests/test_half_precision_training.py)."""
         return (self.absolute in TRAINABLE_ABSOLUTE or self.relative in TRAINABLE_RELATIVE
-                or "--pe-floater-bias" in self.flags)
+                or "--pe-floater-bias" in self.flags or self._value("--pe-dape") != "none")
 
     @property
     def randomisable(self) -> bool:
         """``--pe-random-positions`` can be added (``options.py``: not FLOATER, not without an encoding)."""
         return (not self.floater and "--pe-random-positions" not in self.flags
-                and (self.absolute, self.relative) != ("none", "none"))
+                and (self.absolute, self.relative) != ("none", "none")
+                and not (self.absolute == "none" and self.relative in POSITIONLESS_RELATIVE))
 
     def encoding_class(self, kind: str):
         """The registered class of ``--pe-<kind>`` (None for ``none``); imports the registry (torch)."""
@@ -148,6 +152,19 @@ SYSTEMS: Dict[str, System] = {s.name: s for s in [
     _system("ape-learned+rpe-sinusoidal", "--pe-absolute learned --pe-relative sinusoidal", ""),
     _system("ape-learned+floater-bias", "--pe-absolute learned --pe-floater-bias",
             "Liu et al. 2020 §4.2: a pretrained RoBERTa's table kept, FLOATER's Q/K/V biases added"),
+    _system("p-rope", f"{_NONE} --pe-relative p-rope --pe-rope-proportion 0.75", "Barbero et al. 2025"),
+    _system("rope-resonance", f"{_NONE} --pe-relative rope --pe-rope-resonance", "Wang et al. 2024"),
+    # L = 37, the captions recipe's longest training target (its YaRN original length): the training length of the
+    # recipes this catalogue serves on the CPU; another corpus sets its own --pe-fope-train-length
+    _system("fope", f"{_NONE} --pe-relative fope --pe-fope-train-length 37", "Hua et al. 2024"),
+    _system("fox", f"{_NONE} --pe-relative fox", "Lin et al. 2025 (forgetting attention)"),
+    _system("cope", f"{_NONE} --pe-relative cope", "Golovneva et al. 2024"),
+    # DAPE (Zheng et al. 2024) on the biases of its paper: v1's MLP, v2's convolutions along the keys
+    _system("alibi-dape", f"{_NONE} --pe-relative alibi --pe-dape v1", "Zheng et al. 2024 (DAPE)"),
+    _system("kerple-log-dape", f"{_NONE} --pe-relative kerple-log --pe-dape v1", "Zheng et al. 2024 (DAPE)"),
+    _system("fire-dape", f"{_NONE} --pe-relative fire --pe-dape v1", "Zheng et al. 2024 (DAPE)"),
+    _system("alibi-dape2", f"{_NONE} --pe-relative alibi --pe-dape v2", "Zheng et al. 2024 (DAPE v2)"),
+    _system("kerple-log-dape2", f"{_NONE} --pe-relative kerple-log --pe-dape v2", "Zheng et al. 2024 (DAPE v2)"),
 ]}
 
 #: spellings used before the catalogue -> the catalogue's name (same flags)
@@ -157,6 +174,12 @@ ALIASES: Dict[str, str] = {
     "rpe-lsin": "rpe-learnable-sin", "ape-lsin+rpe-lsin": "ape+rpe-learnable-sin",
 }
 
+#: the rotary encodings of 2024-2025 (issue 43)
+ROTARY_2024 = ("p-rope", "rope-resonance", "fope")
+#: the encodings of 2024-2025 that read the logits or the layer's input (issue 43: the attention's logits hook), one
+#: system each (DAPE v2 differs from v1 by its network only: tests/test_logit_hook_encodings.py, test_cli_e2e.py and
+#: test_lm.py run it by name)
+DATA_DEPENDENT_2024 = ("fox", "cope", "kerple-log-dape")
 #: named subsets, in their tables' order: who runs them
 GROUPS: Dict[str, Tuple[str, ...]] = {
     # fairseq-pe-quickstart's default --systems
@@ -194,7 +217,7 @@ GROUPS: Dict[str, Tuple[str, ...]] = {
     # one system per encoding, FLOATER in its three forms: what tests/helpers.py's ALL_ENCODINGS runs
     "encodings": ("none", "ape-learned", "ape-sinusoidal", "ape-learnable-sin-all", "rpe-learned", "rpe-sinusoidal",
                   "rpe-learnable-sin", "rope", "xpos", "alibi", "t5", "kerple-log", "kerple-power", "sandwich", "fire",
-                  "floater-input", "floater", "floater-bias"),
+                  "floater-input", "floater", "floater-bias", "p-rope", "rope-resonance", "fope") + DATA_DEPENDENT_2024,
     # a sinusoidal APE, a learned APE at every block, Shaw's RPE, RoPE, ALiBi, T5, KERPLE, FIRE, FLOATER at every
     # block and as biases: the tests' representative subset (tests/test_fairseq_features_cli.py)
     # docs/speed.md's long-context run (benchmark_positions.py --long): every bias, the Shaw RPE, RoPE, an APE and
@@ -215,6 +238,10 @@ GROUPS: Dict[str, Tuple[str, ...]] = {
 # scripts/recipes/s2l-cpu-captions.sh: the quickstart's systems and the extrapolation encodings, in its tables' order
 GROUPS["s2l-cpu-captions"] = GROUPS["quickstart"] + ("kerple-log", "kerple-power", "sandwich", "fire", "xpos",
                                                      "ape-sinusoidal-random", "rope-random")
+# the encodings of 2024-2025 (issue 43) in the captions comparison, beside RoPE, ALiBi and KERPLE (log) as anchors:
+# the rotary variants, FoX, CoPE, and DAPE v1 on ALiBi and on KERPLE (its papers' main bases) and v2 on ALiBi
+GROUPS["s2l-cpu-captions-2024"] = ("rope", "alibi", "kerple-log") + ROTARY_2024 + ("fox", "cope", "alibi-dape",
+                                                                                 "kerple-log-dape", "alibi-dape2")
 # every system fairseq-pe-quickstart knows by name before the catalogue (count_ops, gpu_check start from it)
 GROUPS["translation"] = GROUPS["quickstart"] + ("ape-sin+rpe-learned",) + GROUPS["extrapolation"]
 # scripts/benchmark_positions.py: the translation systems, FLOATER at the input beside every block, fairseq's
@@ -223,7 +250,8 @@ GROUPS["benchmark"] = tuple(
     extra for name in GROUPS["translation"] if name != "ape-sin+rpe-learned"
     for extra in {"floater": ("floater-input", "floater"),
                   "ape-sinusoidal": ("ape-sinusoidal", "ape-sinusoidal-fairseq")}.get(name, (name,))
-) + ("sandwich-random", "fire-random")
+) + ("sandwich-random", "fire-random") + ROTARY_2024 + DATA_DEPENDENT_2024 \
+    + ("alibi-dape", "alibi-dape2", "kerple-log-dape2")
 
 
 def canonical(name: str) -> str:

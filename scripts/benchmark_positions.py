@@ -201,8 +201,13 @@ TARGETS = [
      "train_s": 1.02, f"encoder_{TARGET_LENGTH}": 1.10, "generate_s": 1.02},
     {"group": "FLOATER input and all blocks", "systems": ["floater", "floater-input"],
      "train_s": 1.08, f"encoder_{TARGET_LENGTH}": 1.20, "generate_s": 1.02},
-    {"group": "RoPE, ALiBi, T5, KERPLE, Sandwich, FIRE, xPos", "systems": ["rope", "rope-random", "alibi", "t5",
-                                                                        "kerple-*", "sandwich", "fire", "xpos"],
+    # the encodings that compute the logits themselves (issue 43), before the biases that DAPE modifies: their
+    # attention runs explicitly in blocks of rows, as the Shaw family's, hence that family's targets
+    {"group": "FoX, CoPE, DAPE (v1, v2)", "systems": ["fox", "cope", "*-dape", "*-dape2"],
+     "train_s": 1.20, f"encoder_{TARGET_LENGTH}": 2.0, "generate_s": 1.10},
+    {"group": "RoPE, ALiBi, T5, KERPLE, Sandwich, FIRE, xPos, p-RoPE, Resonance RoPE, FoPE",
+     "systems": ["rope", "rope-random", "alibi", "t5", "kerple-*", "sandwich", "fire", "xpos",
+                 *catalogue.ROTARY_2024],
      "train_s": 1.08, f"encoder_{TARGET_LENGTH}": 1.5, "generate_s": 1.05},
     {"group": "Shaw, NEZHA, learnable-sin RPE", "systems": ["rpe-*"],
      "train_s": 1.20, f"encoder_{TARGET_LENGTH}": 2.0, "generate_s": 1.10},
@@ -741,7 +746,7 @@ def plot(args, results, path):
     names = [n for n in results if n != STOCK]
     groups = [g["group"] for g in TARGETS] + ["(no target)"]
     tab10 = plt.get_cmap("tab10")
-    group_colour = dict(zip(groups, [tab10(i) for i in (0, 1, 2, 4, 5, 7)]))
+    group_colour = dict(zip(groups, [tab10(i) for i in (0, 1, 6, 2, 4, 5, 7)]))
     set2 = plt.get_cmap("Set2")
     length_colour = {t: set2(i % 8) for i, t in enumerate(args.lengths)}
     target_line = Line2D([], [], color="black", linewidth=2.5, label="target")
@@ -1237,7 +1242,8 @@ LM_TARGETS = [
      "eval_mem": 1.10},
     {"group": "ALiBi, T5, KERPLE, Sandwich, FIRE", "systems": ["alibi", "t5", "kerple-*", "sandwich*", "fire*"],
      "train_s": 1.08, "eval_mem": 1.10, "eval_s": 1.3},
-    {"group": "RoPE, xPos", "systems": ["rope", "rope-random", "xpos"], "train_s": 1.08, "eval_mem": 1.10},
+    {"group": "RoPE, xPos, p-RoPE, Resonance RoPE", "systems": ["rope", "rope-random", "xpos", "p-rope",
+                                                               "rope-resonance"], "train_s": 1.08, "eval_mem": 1.10},
     {"group": "Shaw, NEZHA, learnable-sin RPE", "systems": ["rpe-*"], "train_s": 1.20, "eval_mem": 1.10},
     {"group": "FLOATER Q/K/V biases", "systems": ["floater-bias", "floater-warm"], "train_s": 1.15,
      "eval_mem": 2.5},

@@ -26,7 +26,8 @@ from fairseq_pe.translation.synthetic import write_corpus
 from helpers import PLUGIN, cli
 
 ABSOLUTE = ["none", "learned", "sinusoidal", "learnable-sinusoidal"]
-RELATIVE = ["learned", "sinusoidal", "learnable-sinusoidal", "rope", "alibi", "t5", "kerple-log", "kerple-power", "xpos", "sandwich", "fire"]
+RELATIVE = ["learned", "sinusoidal", "learnable-sinusoidal", "rope", "alibi", "t5", "kerple-log", "kerple-power", "xpos", "sandwich", "fire",
+            "p-rope"]
 # (absolute, --pe-all-blocks, relative, other flags)
 CONFIGS = (
     [(a, False, "none", ()) for a in ABSOLUTE + ["floater"]]
@@ -39,6 +40,12 @@ CONFIGS = (
        ("sinusoidal", False, "none", ("--pe-floater-bias", "--pe-floater-dynamics", "rnn")),
        ("floater", True, "none", ("--pe-floater-dynamics", "gru", "--pe-floater-rnn-input", "vector")),
        ("floater", False, "none", ("--pe-floater-dynamics", "lstm", "--pe-floater-rnn-layers", "2"))]
+    # Resonance RoPE trained (Wang et al. 2024: RoPE's wavelengths rounded), FoPE (Hua et al. 2024)
+    + [("none", False, "rope", ("--pe-rope-resonance",)), ("none", False, "fope", ("--pe-fope-train-length", "37"))]
+    # the encodings that compute the logits themselves (issue 43): FoX, CoPE, and DAPE on a bias, v1 on KERPLE (its
+    # paper's main system), v2 on ALiBi
+    + [("none", False, r, ()) for r in ("fox", "cope")]
+    + [("none", False, "kerple-log", ("--pe-dape", "v1")), ("none", False, "alibi", ("--pe-dape", "v2"))]
     # randomised positions (Ruoss et al.): an APE, a rotary and a bias encoding
     + [(a, False, r, ("--pe-random-positions", "64")) for a, r in (("sinusoidal", "none"), ("none", "rope"),
                                                                     ("none", "alibi"))]
@@ -116,7 +123,10 @@ def test_train_generate_rescore(tmp_path, data_bin, name, all_blocks, relative, 
               "--beam", "4", "--batch-size", "5", "--cpu", "--num-workers", "0",
               # a barely trained model stops at once: force several incremental steps
               # (only EOS is masked, the other tokens' scores are the model's own)
-              "--min-len", "6")
+              "--min-len", "6",
+              # and at most 40 tokens (the test's targets have at most 30): a model that has not learnt to end in 15
+              # updates (DAPE's network, not 0 at initialisation) would decode to fairseq's 200 at every beam
+              "--max-len-a", "0", "--max-len-b", "40")
     gen_file = tmp_path / "generate.txt"
     gen_file.write_text(gen.stdout)
     sentences = read_generate_output(str(gen_file), expected=N_TEST, detokenized=False)

@@ -8,7 +8,7 @@ would, whatever fairseq's DDP options (issue 30, 5 and 6).
 * ``--ddp-backend legacy_ddp`` all-reduces the gradients through one flat buffer of the first parameter's dtype:
   under ``--bf16`` (or ``--fp16``) the float32 position parameters' gradients were rounded to half precision.  They
   are reduced in their own dtype now: the trained KERPLE parameters equal those of ``--ddp-backend c10d`` (which
-  buckets each dtype apart), exactly.
+  buckets each dtype apart), exactly; so do FoX's gates, CoPE's tables and DAPE's networks (with KERPLE's).
 * ``--ddp-backend fully_sharded`` with half precision is refused by name (FSDP flattens parameters of one dtype).
 """
 
@@ -77,8 +77,14 @@ def test_broadcast_buffers_do_not_change_a_rope_training(growing, tmp_path):
         assert torch.equal(broadcast_model[key], plain_model[key]), key
 
 
-def test_legacy_ddp_reduces_float32_position_gradients_in_float32(data, tmp_path):
-    flags = ["--pe-absolute", "none", "--pe-relative", "kerple-power", "--bf16"]
+@pytest.mark.parametrize("relative", [["kerple-power"],
+                                      # the encodings of the logits hook (issue 43): their gates, tables and networks
+                                      # are float32 parameters of every layer, all of which get a gradient (c10d
+                                      # fails on a parameter without one)
+                                      ["fox"], ["cope"], ["kerple-log", "--pe-dape", "v2"]],
+                         ids=["kerple-power", "fox", "cope", "kerple-log-dape2"])
+def test_legacy_ddp_reduces_float32_position_gradients_in_float32(data, tmp_path, relative):
+    flags = ["--pe-absolute", "none", "--pe-relative", *relative, "--bf16"]
     _, c10d = train_two_processes(data, tmp_path / "c10d", *flags, "--ddp-backend", "c10d")
     _, legacy = train_two_processes(data, tmp_path / "legacy", *flags, "--ddp-backend", "legacy_ddp")
     positions = [k for k in c10d if ".relative." in k]

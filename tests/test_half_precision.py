@@ -39,13 +39,17 @@ def test_sinusoidal_vectors_are_the_float32_ones_rounded_once(absolute, dtype):
 
 
 @pytest.mark.parametrize("dtype", HALF)
-def test_rope_rotations_are_the_float32_ones_rounded_once(dtype):
-    reference, model, _ = fp32_and_half(dtype, "--pe-relative", "rope", "--pe-absolute", "none")
+@pytest.mark.parametrize("rotary", [("rope",), ("p-rope",), ("rope", "--pe-rope-resonance"),
+                                    ("fope", "--pe-fope-train-length", "37")],
+                         ids=["rope", "p-rope", "rope-resonance", "fope"])
+def test_rope_rotations_are_the_float32_ones_rounded_once(rotary, dtype):
+    reference, model, _ = fp32_and_half(dtype, "--pe-relative", *rotary, "--pe-absolute", "none")
     rope32 = reference.encoder.embed_positions.relative
     rope = model.encoder.embed_positions.relative
-    assert rope.rotary.freqs.dtype == torch.float32
+    assert all(t.dtype == torch.float32 for t in [*rope.parameters(), *rope.buffers()]  # frequencies, FoPE's series
+               if t.is_floating_point())
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(2, LENGTH, rope.head_dim, generator=g).to(dtype)  # values the model's dtype can hold
+    q = torch.randn(4, LENGTH, rope.head_dim, generator=g).to(dtype)  # values the model's dtype can hold; 4 heads
     rotated, _ = rope.rotate(q, q, 0, 1)
     expected, _ = rope32.rotate(q.float(), q.float(), 0, 1)
     assert rotated.dtype == dtype

@@ -4,7 +4,8 @@ On a GPU a training step waits for the device at each host sync (``.item()``, ``
 depends on the data, a copy to the host), and step-by-step decoding is bound by the number of operators it launches.
 Targets: no encoding syncs more than stock fairseq's own code in a training step (forward, backward, gradient norm,
 optimizer step through fairseq's Trainer), in an encoder pass in evaluation or in a decoding step; a decoding step
-runs at most 1.15× the operators of the sinusoidal APE's.  The counter itself (``fairseq_pe/models/op_count.py``)
+runs at most 1.15× the operators of the sinusoidal APE's (1.5× for FoX, CoPE, DAPE and ReRoPE, which compute the
+logits themselves from the layer's data or from two products of every key: ``count_ops.OWN_LOGITS``).  The counter itself (``fairseq_pe/models/op_count.py``)
 sees on the CPU what syncs on a GPU only, and takes the package's CUDA-only branches.
 """
 
@@ -18,7 +19,7 @@ from helpers import REPO, build_model, load_script, random_tokens
 from passes import recorded_passes
 
 
-def test_no_encoding_syncs_more_than_stock_or_decodes_with_more_than_115_percent_of_the_apes_operators():
+def test_no_encoding_syncs_more_than_stock_or_decodes_with_more_operators_than_its_ratio_to_the_apes():
     script = load_script("count_ops")
     counts = script.count(list(script.SYSTEMS))
     stock, reference = counts[script.STOCK], counts[script.REFERENCE]
@@ -33,7 +34,7 @@ def test_no_encoding_syncs_more_than_stock_or_decodes_with_more_than_115_percent
                 failures.append(f"{name}: {c[kind].syncs} syncs per {what}, stock {stock[kind].syncs}: "
                                 f"{c[kind].sync_ops()} against {stock[kind].sync_ops()}")
         ratio = c["decode"].total / reference["decode"].total
-        if ratio > script.OPS_RATIO:
+        if ratio > script.ops_ratio(name):
             failures.append(f"{name}: {c['decode'].total} operators per decoding step, {ratio:.2f}× "
                             f"{script.REFERENCE}'s {reference['decode'].total}")
     assert not failures, "\n".join(failures) + "\n" + script.table(counts)

@@ -217,6 +217,15 @@ def test_eval_lm_at_4x_the_training_length_scores_every_token(lm_data):
     assert at_4l[1] != at_l[1]
 
 
+@pytest.mark.parametrize("name", ["fox", "cope", "kerple-log-dape", "alibi-dape2"])
+def test_the_logits_hook_encodings_train_and_evaluate_at_4x_the_training_length(lm_data, name):
+    """FoX, CoPE and DAPE v1, v2 (issue 43), which compute the attention's logits themselves: fairseq-train, then
+    fairseq-eval-lm at 4x the training length scores every token of the split."""
+    checkpoint = train_lm(lm_data, name)
+    evaluated, ppl = perplexity(eval_lm(lm_data, checkpoint, "--tokens-per-sample", str(4 * TRAIN_LENGTH)))
+    assert evaluated == split_tokens(lm_data) and 1 < ppl < 30, (evaluated, ppl)
+
+
 def test_eval_lm_past_a_learned_table_is_refused_by_name_not_skipped(lm_data):
     checkpoint = train_lm(lm_data, "ape-learned")
     assert perplexity(eval_lm(lm_data, checkpoint, "--tokens-per-sample", str(TRAIN_LENGTH)))[0] == \
@@ -238,8 +247,15 @@ def test_rope_scaling_applies_at_evaluation_through_model_overrides(lm_data):
     scaled = perplexity(eval_lm(lm_data, checkpoint, *length, "--model-overrides",
                                 "{'pe_rope_scaling': 'yarn', 'pe_rope_scaling_factor': 4, "
                                 f"'pe_rope_scaling_original_length': {TRAIN_LENGTH}}}"))
-    assert plain[0] == scaled[0] == split_tokens(lm_data)
-    assert scaled[1] != plain[1]
+    # Resonance RoPE (Wang et al. 2024) at evaluation, with the same YaRN (its wavelengths rounded after the scaling)
+    resonant = perplexity(eval_lm(lm_data, checkpoint, *length, "--model-overrides",
+                                  "{'pe_rope_resonance': True, 'pe_rope_scaling': 'yarn', 'pe_rope_scaling_factor': 4, "
+                                  f"'pe_rope_scaling_original_length': {TRAIN_LENGTH}}}"))
+    # ReRoPE (Su 2023): the relative position capped at the training length, queries log-scaled past it
+    capped = perplexity(eval_lm(lm_data, checkpoint, *length, "--model-overrides",
+                                f"{{'pe_rerope_window': {TRAIN_LENGTH}, 'pe_rerope_train_length': {TRAIN_LENGTH}}}"))
+    assert plain[0] == scaled[0] == resonant[0] == capped[0] == split_tokens(lm_data)
+    assert len({plain[1], scaled[1], resonant[1], capped[1]}) == 4
 
 
 def test_interactive_and_the_hub_generate_from_a_trained_model(lm_data, tmp_path):

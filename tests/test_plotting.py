@@ -12,6 +12,9 @@ from fairseq_pe.translation.quickstart import NAMED_SYSTEMS
 
 #: the captions comparison's systems and variants (23), more than matplotlib's cycle and than tab20
 CAPTIONS = list(catalogue.GROUPS["s2l-cpu-captions"]) + ["rope-pi", "rope-ntk", "rope-yarn"]
+#: the comparison of the encodings of 2024-2025 and its decoding variants of RoPE
+CAPTIONS_2024 = list(catalogue.GROUPS["s2l-cpu-captions-2024"]) + ["rope-yarn", "rope-yarn-resonance", "rope-rerope",
+                                                                   "rope-leaky-rerope"]
 
 
 def distance(a, b):
@@ -27,8 +30,8 @@ def test_families_of_the_named_systems():
     assert all(family(name) != "other" for name in NAMED_SYSTEMS), [n for n in NAMED_SYSTEMS if family(n) == "other"]
 
 
-@pytest.mark.parametrize("names", [CAPTIONS, list(NAMED_SYSTEMS), [f"system {i}" for i in range(20)]],
-                         ids=["captions-23", "named-systems", "20-unknown-names"])
+@pytest.mark.parametrize("names", [CAPTIONS, CAPTIONS_2024, list(NAMED_SYSTEMS), [f"system {i}" for i in range(20)]],
+                         ids=["captions-23", "captions-2024", "named-systems", "20-unknown-names"])
 def test_every_system_has_its_own_colour_and_marker(names):
     styles = system_styles(names)
     assert list(styles) == names

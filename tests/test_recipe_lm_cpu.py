@@ -73,3 +73,9 @@ def test_lm_cpu_recipe_quick_subset_and_bad_systems(tmp_path):
     bad = subprocess.run(["bash", RECIPE, str(tmp_path / "work")], env=dict(env, SYSTEMS="alibi nosuch"),
                          capture_output=True, text=True, cwd=tmp_path)
     assert bad.returncode == 2 and "SYSTEMS: unknown system 'nosuch'" in bad.stderr
+    # FoPE's training length is the recipe's L, not the catalogue's 37 (the captions')
+    fope = subprocess.run(["bash", RECIPE, str(tmp_path / "work")], env=dict(env, SYSTEMS="fope", L="48"),
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert fope.returncode == 0, fope.stderr
+    train = next(shlex.split(line[2:]) for line in fope.stdout.splitlines() if line.startswith("+ fairseq-train"))
+    assert train[train.index("--pe-fope-train-length") + 1] == "48" and train.count("--pe-fope-train-length") == 1

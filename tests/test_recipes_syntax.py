@@ -339,7 +339,8 @@ def test_bert_cpu_recipe_finetune_picks_the_finetunings(tmp_path, bare_path):
 
 def test_captions_recipe_decodes_the_randomised_systems_with_spaced_positions_too(tmp_path):
     """s2l-cpu-captions.sh hands fairseq-pe-quickstart a *-spaced decoding (--pe-random-eval-decoder spaced through
-    --model-overrides, no retraining) of each randomised system it trains, beside RoPE's scalings."""
+    --model-overrides, no retraining) of each randomised system it trains, beside RoPE's scalings, Resonance RoPE
+    and ReRoPE."""
     corpus, work, bin_dir = tmp_path / "corpus", tmp_path / "work", tmp_path / "bin"
     for d in (corpus, work / "split", bin_dir):
         d.mkdir(parents=True)
@@ -355,8 +356,9 @@ def test_captions_recipe_decodes_the_randomised_systems_with_spaced_positions_to
     assert proc.returncode == 0, proc.stderr
     words = proc.stdout.splitlines()
     variants = [words[i + 1] for i, w in enumerate(words) if w == "--decode-variant"]
-    assert variants[3:] == ["ape-sinusoidal-random-spaced=ape-sinusoidal-random:{'pe_random_eval_decoder': 'spaced'}",
+    assert variants[6:] == ["ape-sinusoidal-random-spaced=ape-sinusoidal-random:{'pe_random_eval_decoder': 'spaced'}",
                             "rope-random-spaced=rope-random:{'pe_random_eval_decoder': 'spaced'}"]
-    assert [v.split("=")[0] for v in variants[:3]] == ["rope-pi", "rope-ntk", "rope-yarn"]
+    assert [v.split("=")[0] for v in variants[:6]] == ["rope-pi", "rope-ntk", "rope-yarn", "rope-yarn-resonance",
+                                                       "rope-rerope", "rope-leaky-rerope"]
     assert words[words.index("--systems") + 1:words.index("--systems") + 4] == ["rope", "rope-random",
                                                                               "ape-sinusoidal-random"]

@@ -112,8 +112,12 @@ def test_scaling_at_generation_time_on_a_trained_checkpoint(tmp_path):
     plain = cli("fairseq-generate", *common).stdout
     scaled = [cli("fairseq-generate", *common, "--model-overrides", overrides).stdout for overrides in (
         "{'pe_rope_scaling': 'ntk', 'pe_rope_scaling_factor': 4.0}",
-        "{'pe_rope_scaling': 'yarn', 'pe_rope_scaling_factor': 4.0, 'pe_rope_scaling_original_length': 6}")]
+        "{'pe_rope_scaling': 'yarn', 'pe_rope_scaling_factor': 4.0, 'pe_rope_scaling_original_length': 6}",
+        # Resonance RoPE at generation time, with NTK's frequencies (rounded after the scaling)
+        "{'pe_rope_resonance': True, 'pe_rope_scaling': 'ntk', 'pe_rope_scaling_factor': 4.0}",
+        # Leaky ReRoPE (the relative position capped at 4, then growing by 1/8; queries log-scaled past 6 tokens)
+        "{'pe_rerope_window': 4, 'pe_rerope_train_length': 6, 'pe_rerope_leaky_factor': 8.0}")]
     scores = [[float(line.split("\t")[1]) for line in out.splitlines() if line.startswith("H-")]
               for out in [plain] + scaled]
     assert all(len(s) == 8 for s in scores)
-    assert scores[0] != scores[1] and scores[0] != scores[2] and scores[1] != scores[2]  # the overrides reached it
+    assert len({tuple(s) for s in scores}) == len(scores)  # the overrides reached it: five different scorings

@@ -39,6 +39,12 @@ along three paths, whose results agree to float rounding:
   ``--print-alignment``, the analysis): fairseq's own Python implementation when there is no
   relative encoding (the path stock fairseq takes there too), else the same computation as the
   blockwise path in one block, with the weights returned.
+
+An encoding that computes the logits itself (``own_logits``: FoX, CoPE, DAPE; the logits hook of
+:class:`~fairseq_pe.positional.base.RelativePositionEncoding`) takes the explicit path in decoding and the
+blockwise path otherwise: its ``attention_logits`` replaces Q Kᵀ/√d + B in each block of rows, reading the
+rows' causal and padding masks and the per-key state its ``key_state`` computed from this call's input (FoX's
+cumulative forget gates), which step-by-step decoding keeps in fairseq's ``incremental_state`` beside the keys.
 """
 
 import contextlib
@@ -315,11 +321,17 @@ class PositionAttention(MultiheadAttention):
             saved = self._get_input_buffer(incremental_state)
             if "prev_key" in saved:
                 query_offset = saved["prev_key"].size(2)
+        key_state = None
+        if relative.own_logits:  # the logits hook's state of every key so far, from this call's input
+            new_padding = key_padding_mask if key_padding_mask is not None and key_padding_mask.dim() > 0 else None
+            key_state = relative.key_state(query, new_padding, self.block,
+                                           saved.get("pe_key_state") if query_offset > 0 else None)
         bias_gradient = torch.is_grad_enabled() and relative.bias_requires_grad
         path = "explicit" if explicit else self.path_of(
             q, relative, bias_gradient, bsz, tgt_len, tgt_len,
             masked=self.whole_mask(attn_mask, key_padding_mask, tgt_len, tgt_len))
-        fused = path in ("fused", "flex") or (path == "blocks" and not relative.query_terms)
+        fused = path in ("fused", "flex") or (path == "blocks" and not relative.query_terms
+                                               and not relative.own_logits)
         # SDPA scales the logits itself; the other paths take the queries scaled (with RoPE's rotation: no product)
         q, k = relative.rotate(q, k, query_offset, self.block, 1.0 if fused else self.scaling, rows=rows)
         if incremental_state is not None:
@@ -331,6 +343,8 @@ class PositionAttention(MultiheadAttention):
                 batch_size=bsz, src_len=k.size(2), static_kv=False)
             saved["prev_key"], saved["prev_value"] = k, v  # (B, H, S, d), as fairseq keeps them
             saved["prev_key_padding_mask"] = key_padding_mask
+            if key_state is not None:  # batch first: beam search reorders it with the keys
+                saved["pe_key_state"] = key_state
             self._set_input_buffer(incremental_state, saved)
 
         value_dtype = v.dtype
@@ -351,7 +365,8 @@ class PositionAttention(MultiheadAttention):
         with autocast_off(q.device, float32):
             if explicit:
                 out, probs, logits = self._explicit(relative, rows, q, k, v, attn_mask, key_padding_mask, query_offset,
-                                                    0, tgt_len, need_probs=True, before_softmax=before_softmax)
+                                                    0, tgt_len, need_probs=True, before_softmax=before_softmax,
+                                                    key_state=key_state)
                 if before_softmax:
                     return logits.view(bsz * heads, tgt_len, src_len), v.reshape(bsz * heads, src_len, head_dim)
             else:
@@ -366,7 +381,7 @@ class PositionAttention(MultiheadAttention):
                 for start in range(0, tgt_len, per_block):
                     end = min(tgt_len, start + per_block)
                     args = (relative, rows, q[:, :, start:end], k, v, attn_mask, key_padding_mask, query_offset, start,
-                            end)
+                            end, key_state)
                     if record:
                         blocks.append(checkpoint(self._block, *args, use_reentrant=False))
                     else:
@@ -430,7 +445,8 @@ class PositionAttention(MultiheadAttention):
         the call's own masks would be built whole (:meth:`whole_mask`); a bias or query terms always are."""
         kernel = self.kernel
         training = torch.is_grad_enabled()
-        if relative is not None and (relative.query_terms or relative.adds_bias):
+        explicit = relative is not None and (relative.query_terms or relative.own_logits)
+        if relative is not None and (explicit or relative.adds_bias):
             masked = True
         elements = bsz * self.num_heads * tgt_len * src_len
         if kernel == "flex" or (kernel == "auto" and training and bias_gradient and flex.flex_backward(q.device)
@@ -441,7 +457,7 @@ class PositionAttention(MultiheadAttention):
                 return "flex"
             log_choice_once(kernel, "not flex", reason)
         if training:
-            if relative is not None and relative.query_terms:
+            if explicit:
                 return "blockwise"
             if bias_gradient and (kernel == "blockwise" or not mask_gradient_fused(q.device)):
                 return "blockwise"
@@ -451,7 +467,7 @@ class PositionAttention(MultiheadAttention):
                             "requested" if kernel == "blockwise" else
                             f"masks of more than {AUTO_BLOCKS_ELEMENTS:,} elements are built per block")
             return "blocks"
-        return "blockwise" if relative is not None and relative.query_terms else "fused"
+        return "blockwise" if explicit else "fused"
 
     def _fused(self, q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim, out_dtype=None,
                float32=False, relative=None, rows=None):
@@ -579,19 +595,23 @@ class PositionAttention(MultiheadAttention):
                                          dropout_p=p)
         return self.project_heads(out, out_dtype)
 
-    def _block(self, relative, rows, q, k, v, attn_mask, key_padding_mask, query_offset, start, end):
+    def _block(self, relative, rows, q, k, v, attn_mask, key_padding_mask, query_offset, start, end, key_state=None):
         """Query rows start..end of the attention output (B, H, rows, d), computed explicitly."""
-        return self._explicit(relative, rows, q, k, v, attn_mask, key_padding_mask, query_offset, start, end)[0]
+        return self._explicit(relative, rows, q, k, v, attn_mask, key_padding_mask, query_offset, start, end,
+                              key_state=key_state)[0]
 
     def _explicit(self, relative, rows, q, k, v, attn_mask, key_padding_mask, query_offset, start, end,
-                  need_probs=False, before_softmax=False):
+                  need_probs=False, before_softmax=False, key_state=None):
         """Rows start..end of the attention with every relative term: (output, probabilities, logits).
 
         ``relative``: the side's relative encoding, ``rows`` what it reads of the pass; ``q`` (B, H, rows, d) is
         scaled; ``k``, ``v`` (B, H, S, d) hold every key.  A single query row (a step of
         step-by-step decoding) takes a relative encoding's query terms into its keys and values instead
         (:meth:`~fairseq_pe.positional.relative_vectors._RelativeVectors.folded_vectors`: q·(k_j + a^K_{j−i}) and
-        Σ_j α_ij (v_j + a^V_{j−i}), the same sums), and every layer reads the step's mask, built once."""
+        Σ_j α_ij (v_j + a^V_{j−i}), the same sums), and every layer reads the step's mask, built once.  An
+        :attr:`~fairseq_pe.positional.base.RelativePositionEncoding.own_logits` encoding computes the logits itself
+        (``attention_logits``, with ``key_state``, its state of every key, and the rows' masks), and no bias is
+        merged into the mask."""
         bsz, heads, count, head_dim = q.shape
         src_len = k.size(2)
         offset = query_offset + start
@@ -601,29 +621,33 @@ class PositionAttention(MultiheadAttention):
             key_vectors, value_vectors = relative.folded_vectors(src_len, offset, self.block, rows=rows)
             k = k + key_vectors.to(k.dtype)
             v = v + value_vectors.to(v.dtype)
+        own_logits = relative.own_logits
+
+        def mask():
+            bias = None if own_logits else relative.position_bias(end - start, src_len, offset, self.block, rows=rows)
+            return merged_mask(self.mask_rows(attn_mask, start, end, src_len, future), key_padding_mask, bias, bsz,
+                               count, src_len, q.dtype, shift=not before_softmax)
+
+        mask = rows.shared(BlockMaskKey(bsz, start, end, offset, src_len, relative.bias_key(self.block), q.dtype,
+                                        attn_mask is not None, key_padding_mask is not None, before_softmax), mask)
         flat_q = q.reshape(bsz * heads, count, head_dim)
-        logits = torch.bmm(flat_q, k.reshape(bsz * heads, src_len, head_dim).transpose(1, 2))
-        logits = logits.view(bsz, heads, count, src_len)
+        if own_logits:  # the logits hook (FoX, CoPE, DAPE): float32 or q's dtype
+            logits = relative.attention_logits(q, k, offset, self.block, rows=rows, state=key_state, masking=mask)
+        else:
+            logits = torch.bmm(flat_q, k.reshape(bsz * heads, src_len, head_dim).transpose(1, 2))
+            logits = logits.view(bsz, heads, count, src_len)
         # in place from here on: no more (B, H, rows, S) copies (bmm's backward needs q and k, not its output)
         if not folded:
             term = relative.logit_terms(flat_q, count, src_len, offset, self.block, rows=rows)
             if term is not None:
                 logits.add_(term.to(logits.dtype))
                 del term
-
-        def mask():
-            bias = relative.position_bias(end - start, src_len, offset, self.block, rows=rows)
-            return merged_mask(self.mask_rows(attn_mask, start, end, src_len, future), key_padding_mask, bias, bsz,
-                               count, src_len, logits.dtype, shift=not before_softmax)
-
-        mask = rows.shared(BlockMaskKey(bsz, start, end, offset, src_len, relative.bias_key(self.block), logits.dtype,
-                                        attn_mask is not None, key_padding_mask is not None, before_softmax), mask)
         if mask is not None:
             logits.add_(mask)
         if before_softmax:
             return None, None, logits
         probs_float = utils.softmax(logits, dim=-1, onnx_trace=True) if self.onnx_trace else safe_softmax(logits)
-        probs = self.dropout_module(probs_float.type_as(logits))
+        probs = self.dropout_module(probs_float.to(v.dtype))
         flat_probs = probs.view(bsz * heads, count, src_len)
         out = torch.bmm(flat_probs, v.reshape(bsz * heads, src_len, head_dim))
         if not folded:

@@ -66,6 +66,9 @@ def flex_supported(relative, device, dropout_p: float = 0.0) -> Optional[str]:
     if relative is not None and relative.query_terms:
         return (f"--pe-relative {getattr(relative, 'registry_name', type(relative).__name__)} has value vectors: "
                 "its value terms Σ_j α_ij a^V_(j−i) need the probabilities, which a score_mod cannot give")
+    if relative is not None and relative.own_logits:
+        return (f"--pe-relative {getattr(relative, 'registry_name', type(relative).__name__)} computes the logits "
+                "itself (from all of a row's logits, or the layer's input), which a score_mod of one logit cannot")
     if relative is not None and relative.adds_bias and not has_score_mod(relative):
         return f"{type(relative).__name__} has no score_mod (its bias is neither Toeplitz nor computed in-kernel)"
     if dropout_p > 0:

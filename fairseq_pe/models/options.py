@@ -8,6 +8,7 @@ from fairseq_pe.positional import position_encoding_choices
 from fairseq_pe.positional.floater import BOUND_DEFAULTS, add_floater_args, floater_defaults, validate_floater_args
 from fairseq_pe.positional.sinusoid_scale import (TRANSFORMER_DEFAULTS, add_sinusoid_scale_args,
                                                   sinusoid_scale_defaults, validate_sinusoid_scale_args)
+from fairseq_pe.systems import POSITIONLESS_RELATIVE
 
 
 def add_position_encoding_args(parser):
@@ -33,8 +34,9 @@ def add_position_encoding_args(parser):
         "--pe-relative", choices=position_encoding_choices("relative"),
         help="relative position encoding in encoder and decoder self-attention (not in "
              "cross-attention): none; learned (Shaw et al.); sinusoidal (NEZHA); "
-             "learnable-sinusoidal (Wang et al.); rope; xpos; alibi; t5; kerple-log, kerple-power (KERPLE); "
-             "sandwich; fire (docs/encodings.md). Default: none",
+             "learnable-sinusoidal (Wang et al.); rope; p-rope (Barbero et al. 2025); fope (Hua et al. 2024); xpos; alibi; t5; kerple-log, kerple-power (KERPLE); "
+             "sandwich; fire; fox (forgetting attention); cope (contextual positions) (docs/encodings.md). "
+             "Default: none",
     )
     group.add_argument(
         "--pe-relative-max-distance", type=int, metavar="K",
@@ -48,15 +50,49 @@ def add_position_encoding_args(parser):
         "--pe-relative-untie-heads", action="store_true",
         help="learned/learnable-sinusoidal RPE: a separate set per attention head instead of one shared by all heads",
     )
+    group.add_argument("--pe-rope-proportion", type=float, metavar="P",
+                       help="p-rope (Barbero et al. 2025): the share of the dimension pairs that rotate, the "
+                            "floor(P*d/2) of highest frequency at their RoPE values; the others are not rotated "
+                            "(1: RoPE, 0: no positions). Default: 0.75")
+    group.add_argument("--pe-rope-resonance", action="store_true",
+                       help="rope, p-rope: Resonance RoPE (Wang et al. 2024), every wavelength 2*pi/theta rounded to a "
+                            "whole number of tokens, after any --pe-rope-scaling; in training, or at generation time "
+                            "through --model-overrides \"{'pe_rope_resonance': True}\"")
+    group.add_argument("--pe-fope-train-length", type=int, metavar="N",
+                       help="fope (Hua et al. 2024): the training length; RoPE's frequencies below 2*pi/N are "
+                            "clipped to 0 and left out of the Fourier series (needed with --pe-relative fope)")
+    group.add_argument("--pe-fope-pairs", type=int, metavar="O",
+                       help="fope: the pairs of dimensions that carry a Fourier series (the others carry the clipped "
+                            "frequencies). Default: min(M, d/4), M the frequencies kept, d a head's dimension (the "
+                            "authors' code)")
+    group.add_argument("--pe-fope-init-gain", type=float, metavar="G",
+                       help="fope: the gain of the coefficients' xavier-normal initialisation, around the step "
+                            "identity (default 0.3, the authors' configs; 0.4 and 0.6 at 180M and 1.2B)")
+    group.add_argument("--pe-fope-learnable", action="store_true",
+                       help="fope: train the Fourier coefficients (the authors' configs keep them fixed at their "
+                            "random initialisation)")
+    group.add_argument("--pe-fope-unused-pairs", choices=["ones", "unrotated"],
+                       help="fope: the pairs without a series get cos = sin = 1 (ones: the authors' code, a 45-degree "
+                            "turn scaled by sqrt(2)) or cos = 1, sin = 0 (unrotated: a frequency of 0). Default: ones")
+    group.add_argument("--pe-rerope-window", type=int, metavar="W",
+                       help="rope, p-rope: ReRoPE (Su 2023) at inference, the relative position capped at W (with "
+                            "--pe-rerope-leaky-factor K: W + (i-j-W)/K past W); also at generation time through "
+                            "--model-overrides \"{'pe_rerope_window': 512, 'pe_rerope_train_length': 128}\"")
+    group.add_argument("--pe-rerope-train-length", type=int, metavar="L",
+                       help="rope, p-rope with --pe-rerope-window: the training length; queries are scaled by "
+                            "max(1, log(i+1)/log L), as the reference")
+    group.add_argument("--pe-rerope-leaky-factor", type=float, metavar="K",
+                       help="rope, p-rope with --pe-rerope-window: Leaky ReRoPE, the relative position grows by 1/K "
+                            "past the window (the reference's 16); without it: ReRoPE")
     group.add_argument("--pe-rope-scaling", choices=["none", "linear", "ntk", "yarn"],
-                       help="rope: context extension, also at generation time through --model-overrides: linear "
+                       help="rope, p-rope: context extension, also at generation time through --model-overrides: linear "
                             "(Position Interpolation, positions / factor), ntk (NTK-aware: base 10000 x "
                             "factor^(d/(d-2))) or yarn (YaRN: NTK-by-parts and attention temperature; needs "
                             "--pe-rope-scaling-original-length). Default: none")
     group.add_argument("--pe-rope-scaling-original-length", type=int, metavar="N",
-                       help="rope with --pe-rope-scaling yarn: the longest sequence the model was trained on")
+                       help="rope, p-rope with --pe-rope-scaling yarn: the longest sequence the model was trained on")
     group.add_argument("--pe-rope-scaling-factor", type=float, metavar="S",
-                       help="rope: the factor of --pe-rope-scaling (>= 1: the length to reach over the training length)")
+                       help="rope, p-rope: the factor of --pe-rope-scaling (>= 1: the length to reach over the training length)")
     group.add_argument("--pe-t5-num-buckets", type=int, help="t5: number of distance buckets (default 32)")
     group.add_argument("--pe-t5-max-distance", type=int,
                        help="t5: distance where the last (logarithmic) bucket starts (default 128)")
@@ -95,22 +131,68 @@ def add_position_encoding_args(parser):
                        help="sandwich: the sum of cosines runs over k = K .. K + d̄/2 − 1 with ω_k = 10000^(−2k/d̄): "
                             "1 as the paper's sum from 1 to d̄/2 (and NeMo's), 0 as Vaswani et al.'s sinusoids "
                             "(fairseq-pe 0.1's). Default: 1")
+    group.add_argument("--pe-fox-gate-std", type=float, metavar="STD",
+                       help="fox (forgetting attention, Lin et al. 2025): the standard deviation of the forget gates' "
+                            "initial weights (default 0.02, the reference's initializer_range)")
+    group.add_argument("--pe-fox-gate-bias", type=float, metavar="B",
+                       help="fox: the forget gates' initial bias, sigma(B) the initial gate (default 0, the "
+                            "reference's; x-transformers' DataDependentAlibi starts at 5)")
+    group.add_argument("--pe-cope-npos", type=int, metavar="N",
+                       help="cope (Golovneva et al. 2024): positions of the embedding table, 0 .. N-1; a contextual "
+                            "position past N-1 reads row N-1 (clamped, as the reference). Default: the side's "
+                            "--max-target-positions (encoder: --max-source-positions) + 1, the reference's block "
+                            "size + 1")
+    group.add_argument("--pe-cope-nodiv", action="store_true",
+                       help="cope: add the position term after the 1/sqrt(d) scaling instead of before it (the "
+                            "reference's --cope-nodiv)")
+    group.add_argument("--pe-dape", choices=["none", "v1", "v2"],
+                       help="DAPE (Zheng et al. 2024) on the --pe-relative bias B (alibi, kerple-log, kerple-power, "
+                            "fire, t5, sandwich): logits + B + f([logits; B]), f mixing the heads per query and key: v1 "
+                            "an MLP, v2 two 1xK convolutions along the keys (docs/encodings.md). Default: none")
+    group.add_argument("--pe-dape-width", type=int, metavar="W",
+                       help="--pe-dape: the hidden width of its network (default 32, the reference's)")
+    group.add_argument("--pe-dape-activation", choices=["leaky-relu", "relu", "gelu"],
+                       help="--pe-dape: the activation of its network (default leaky-relu, slope 0.01, the "
+                            "reference's)")
+    group.add_argument("--pe-dape-kernel", type=int, metavar="K",
+                       help="--pe-dape v2: the convolutions' width along the keys, odd (default 3, the reference's)")
     add_sinusoid_scale_args(group)
     add_floater_args(group)
 
 
+#: the rotary encodings whose frequencies the RoPE options change (scaling at inference, Resonance's rounding)
+ROTARY = ("rope", "p-rope")
 # options that belong to one family of relative encodings: (option, families, default)
 RELATIVE_FAMILY_OPTIONS = [
     ("pe_relative_max_distance", ("learned", "sinusoidal", "learnable-sinusoidal"), 64),
-    ("pe_rope_scaling", ("rope",), "none"),
-    ("pe_rope_scaling_factor", ("rope",), None),
-    ("pe_rope_scaling_original_length", ("rope",), None),
+    ("pe_rope_proportion", ("p-rope",), 0.75),
+    ("pe_rope_resonance", ROTARY, False),
+    ("pe_rope_scaling", ROTARY, "none"),
+    ("pe_rope_scaling_factor", ROTARY, None),
+    ("pe_rope_scaling_original_length", ROTARY, None),
+    ("pe_rerope_window", ROTARY, None),
+    ("pe_rerope_train_length", ROTARY, None),
+    ("pe_rerope_leaky_factor", ROTARY, None),
+    ("pe_fope_train_length", ("fope",), None),
+    ("pe_fope_pairs", ("fope",), None),
+    ("pe_fope_init_gain", ("fope",), 0.3),
+    ("pe_fope_learnable", ("fope",), False),
+    ("pe_fope_unused_pairs", ("fope",), "ones"),
     ("pe_t5_num_buckets", ("t5",), 32),
     ("pe_t5_max_distance", ("t5",), 128),
     ("pe_sandwich_dim", ("sandwich",), "head"),
     ("pe_sandwich_first_frequency", ("sandwich",), 1),
     ("pe_fire_threshold", ("fire",), 512.0),
+    ("pe_fox_gate_std", ("fox",), 0.02),
+    ("pe_fox_gate_bias", ("fox",), 0.0),
+    ("pe_cope_npos", ("cope",), None),
+    ("pe_cope_nodiv", ("cope",), False),
 ]
+#: DAPE's options: (option, default, the --pe-dape versions that use it)
+DAPE_OPTIONS = [("pe_dape_width", 32, ("v1", "v2")), ("pe_dape_activation", "leaky-relu", ("v1", "v2")),
+                ("pe_dape_kernel", 3, ("v2",))]
+#: relative encodings that take no position at all (positions from the data: FoX's gates, CoPE's counts)
+POSITIONLESS = POSITIONLESS_RELATIVE
 
 
 def position_encoding_defaults(args, sinusoid_scales=TRANSFORMER_DEFAULTS, floater_bounds=BOUND_DEFAULTS):
@@ -125,6 +207,10 @@ def position_encoding_defaults(args, sinusoid_scales=TRANSFORMER_DEFAULTS, float
     args.pe_random_positions = getattr(args, "pe_random_positions", None)
     args.pe_random_eval_decoder = getattr(args, "pe_random_eval_decoder", None) or "indices"
     args.pe_attention_kernel = getattr(args, "pe_attention_kernel", None) or "auto"
+    args.pe_dape = getattr(args, "pe_dape", None) or "none"
+    for name, default, versions in DAPE_OPTIONS:  # given a default only where DAPE uses them (else refused)
+        if getattr(args, name, None) is None:
+            setattr(args, name, default if args.pe_dape in versions else None)
     if args.pe_relative == "sandwich" and _saved_by_fairseq_pe_0_1(args):
         # it computes what it was trained with: d̄ the embedding dimension, k = 0 .. d̄/2 − 1
         args.pe_sandwich_first_frequency = 0
@@ -211,6 +297,9 @@ MINIMUM_VALUES = [
     ("pe_relative_max_distance", 1),
     ("pe_t5_num_buckets", 4),
     ("pe_t5_max_distance", 1),
+    ("pe_cope_npos", 2),
+    ("pe_dape_width", 1),
+    ("pe_dape_kernel", 1),
 ]
 
 
@@ -249,13 +338,23 @@ def _validate_position_args(args):
         if args.pe_absolute == "none" and args.pe_relative == "none":
             raise UserError("--pe-random-positions has no effect without a position encoding: set --pe-absolute or "
                             "--pe-relative, or remove it")
+        if args.pe_absolute == "none" and args.pe_relative in POSITIONLESS:
+            raise UserError(f"--pe-random-positions has no effect with --pe-relative {args.pe_relative}, which takes "
+                            "no positions (they come from the data); add an absolute encoding (--pe-absolute) or "
+                            "remove it")
     elif getattr(args, "pe_random_eval_decoder", "indices") not in (None, "indices"):
         raise UserError(f"--pe-random-eval-decoder {args.pe_random_eval_decoder} applies to a model trained with "
                         "--pe-random-positions only; remove it")
     for name, families, _ in RELATIVE_FAMILY_OPTIONS:
-        if getattr(args, name, None) is not None and args.pe_relative not in families:
+        value = getattr(args, name, None)
+        if value is not None and value is not False and args.pe_relative not in families:  # a switch: when given
             raise UserError(f"--{name.replace('_', '-')} applies to --pe-relative {' / '.join(families)} only, "
                              f"not to --pe-relative {args.pe_relative}; remove it")
+    dape = getattr(args, "pe_dape", None) or "none"
+    for name, _, versions in DAPE_OPTIONS:
+        if getattr(args, name, None) is not None and dape not in versions:
+            raise UserError(f"--{name.replace('_', '-')} applies to --pe-dape {' / '.join(versions)} only, not to "
+                            f"--pe-dape {dape}; remove it")
     for name, minimum in MINIMUM_VALUES:
         value = getattr(args, name, None)
         if value is not None and value < minimum:

@@ -222,7 +222,8 @@ def _patch(module: nn.Module, name: str, function: Callable, patched: list):
 def positions_removed(model: nn.Module):
     """Within the block, every position encoding of ``model`` (this instance only) contributes nothing: absolute
     vectors are zero, relative encodings add no bias, rotate nothing and add no relative vectors (their hooks answer
-    as :class:`~fairseq_pe.positional.base.RelativePositionEncoding`'s defaults), FLOATER's Q/K/V biases are zero.
+    as :class:`~fairseq_pe.positional.base.RelativePositionEncoding`'s defaults; the logits hook gives q·kᵀ alone),
+    FLOATER's Q/K/V biases are zero.
     The model then sees positions only through the decoder's causal mask.  The encodings' parameters get no
     gradient."""
     patched: list = []
@@ -234,8 +235,11 @@ def positions_removed(model: nn.Module):
                 base = RelativePositionEncoding
                 _patch(m, "rotate", lambda q, k, offset, block, scale=1.0, rows=None, _m=m: base.rotate(
                     _m, q, k, offset, block, scale), patched)
-                for hook in ("position_bias", "logit_terms", "value_terms"):
+                for hook in ("position_bias", "logit_terms", "value_terms", "key_state"):
                     _patch(m, hook, lambda *args, **kwargs: None, patched)
+                # the logits hook (FoX, CoPE, DAPE): q·kᵀ alone
+                _patch(m, "attention_logits", lambda q, k, *args, _m=m, **kwargs: base.attention_logits(_m, q, k, 0, 1),
+                       patched)
                 if hasattr(m, "folded_vectors"):
                     _patch(m, "folded_vectors", _zeros_of(m.folded_vectors), patched)
             if isinstance(m, PositionInjector) and (m.self_bias is not None or m.cross_bias is not None):

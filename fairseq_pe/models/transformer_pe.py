@@ -13,6 +13,7 @@ from fairseq.models.transformer import transformer_legacy as stock
 
 from fairseq_pe.errors import UserError, as_user_errors
 from fairseq_pe.positional import PositionInjector, build_position_encoding
+from fairseq_pe.positional.dape import with_dape
 from fairseq_pe.positional.floater_bias import FloaterAttentionBias
 from fairseq_pe.positional.injector import Source
 from fairseq_pe.positional.pass_state import close_pass, open_pass
@@ -49,6 +50,7 @@ def build_position_injector(cfg, num_blocks: int, embed_dim: int, num_heads: int
         "relative", cfg.pe_relative,
         embed_dim=embed_dim, num_heads=num_heads, num_blocks=num_blocks, causal=side == "target", args=cfg,
     )
+    relative = with_dape(relative, cfg)  # --pe-dape: DAPE's network over the logits and the bias
     bias = getattr(cfg, "pe_floater_bias", False)
     return PositionInjector(
         absolute, padding_idx, relative=relative,

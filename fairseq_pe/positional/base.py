@@ -204,10 +204,18 @@ class RelativePositionEncoding(nn.Module):
     to (B, H, T, S); ``value_terms`` takes (B·H, T, S) probabilities and returns (B·H, T, d).  ``causal``
     is True on the decoder side.
 
-    What the attention can use depends on two class attributes: ``query_terms`` (the encoding has
+    What the attention can use depends on three class attributes: ``query_terms`` (the encoding has
     ``logit_terms``/``value_terms``, which need the probabilities: the attention computes them
-    explicitly, block by block) and :attr:`bias_requires_grad` (torch's fused kernel on the CPU gives no
-    gradient for its mask).  An encoding with neither runs entirely in torch's fused kernel.
+    explicitly, block by block), :attr:`own_logits` (the encoding computes the logits themselves,
+    :meth:`attention_logits`, from the queries and keys, the per-key state of :meth:`key_state` and the rows'
+    masks: explicitly too) and :attr:`bias_requires_grad` (torch's fused kernel on the CPU gives no
+    gradient for its mask).  An encoding with none of them runs entirely in torch's fused kernel.
+
+    The logits hook, for encodings that read the logits or the layer's input (FoX, CoPE, DAPE, ReRoPE):
+
+        state  = key_state(x, key_padding_mask, block, previous)        (per key, from the attention's input x;
+                                                                         kept in fairseq's incremental_state)
+        logits = attention_logits(q, k, query_offset, block, rows, state, masking)   (in place of q·kᵀ/√d + B)
 
     Every method takes, as ``rows``, what it reads of the pass under way
     (:class:`~fairseq_pe.positional.pass_state.RelativeRows`: the rows' positions where they are not the indices,
@@ -232,6 +240,11 @@ class RelativePositionEncoding(nn.Module):
     #: whether the encoding depends on positions beyond their differences (FIRE's normaliser): then it gets the
     #: rows' positions (``rows.positions``) also when padding is all that separates them from the indices
     needs_positions = False
+    #: whether the encoding computes the attention logits itself (:meth:`attention_logits`, the logits hook): the
+    #: attention then computes its probabilities explicitly (the explicit path in decoding and where weights are
+    #: asked for, else blockwise: blocks of query rows, each under ``checkpoint`` in training), never in a fused
+    #: kernel; its :meth:`position_bias` is not called (such an encoding adds any bias of its own in the hook)
+    own_logits = False
     #: whether ``position_bias`` depends on the signed distance j − i alone (a Toeplitz matrix per head: ALiBi, T5,
     #: KERPLE, Sandwich): such an encoding defines :meth:`bias_of_distances`, and its bias of any block of rows is a
     #: window of one small (H, T + S − 1) vector (:meth:`distance_bias`)
@@ -318,6 +331,30 @@ class RelativePositionEncoding(nn.Module):
     def value_terms(self, probs, tgt_len: int, src_len: int, query_offset: int, block: int,
                     rows: RelativeRows = None):
         return None
+
+    def key_state(self, x, key_padding_mask, block: int, previous=None):
+        """What an :attr:`own_logits` encoding keeps per key, from the self-attention's input ``x`` (T, B, E) of the
+        call's new tokens (the layer's input as the projections of q, k and v read it): a batch-first tensor
+        (B, ..., S) over every key so far (S = the previous steps' keys + T), or None (nothing kept: the default).
+        ``key_padding_mask``: (B, T) of the new tokens, True at padding, or None; ``previous``: what this method
+        returned for the same attention at the previous step of step-by-step decoding (None in a full pass and at
+        the first step).  The attention keeps it in fairseq's ``incremental_state`` (its input buffer, as stock
+        fairseq keeps ``prev_key``; beam search reorders it with them) and hands it to :meth:`attention_logits`.
+        FoX: the cumulative log forget gates."""
+        return None
+
+    def attention_logits(self, q, k, query_offset: int, block: int, rows: RelativeRows = None, state=None,
+                         masking=None):
+        """The logits hook of an :attr:`own_logits` encoding: (B, H, T', S) logits of the query rows ``q``
+        (B, H, T', d), already times 1/√d and as :meth:`rotate` returned them, against every key so far ``k``
+        (B, H, S, d; while decoding, the cached keys as :meth:`rotate` returned them at their step).  Row r is query
+        index ``query_offset`` + r (a block of rows: the block's first; a decoding step: S − 1).  ``state``:
+        :meth:`key_state`'s (B, ..., S) tensor, or None; ``masking``: the rows' causal and padding masks, additive
+        (0 visible, −inf hidden), broadcastable to (B, 1, T', S), or None (every key visible): the attention adds
+        it after this method, which reads it only where its own terms must not see hidden keys (CoPE's gates).
+        The logits may be float32 whatever q's dtype (the softmax is float32; the probabilities take the values'
+        dtype).  Default: q·kᵀ."""
+        return torch.matmul(q, k.transpose(-1, -2))
 
     def score_mod(self, tgt_len: int, src_len: int, query_offset: int, block: int, rows: RelativeRows = None,
                   q=None):

@@ -24,6 +24,11 @@ checkpoint at generation time (``--model-overrides "{'pe_rope_scaling': 'ntk', '
   ``_compute_yarn_parameters`` ramp, clamped in dimension indices, interpolates none there (at the longer
   training lengths where the two were compared, their frequencies agree within 6e-8).
 
+``--pe-rerope-window W`` caps the relative position at W at inference, ReRoPE (Su 2023, :mod:`.rerope`).
+``--pe-rope-resonance`` rounds every (scaled) frequency to a whole wavelength, Resonance RoPE (Wang et al. 2024,
+:mod:`.resonance_rope`), in training or with any of these at generation time; ``--pe-relative p-rope`` rotates only
+the highest-frequency share of the pairs (:mod:`.partial_rotary`).
+
 The frequencies are a function of these options only.  The library keeps them as a (frozen) parameter,
 so checkpoints hold a copy; loading ignores it and keeps the model's own (:meth:`_load_from_state_dict`),
 so that a scaling given at load time is not overwritten by the unscaled copy.
@@ -38,6 +43,8 @@ from fairseq_pe.errors import UserError
 
 from .base import Float32State, RelativePositionEncoding, register_position_encoding
 from .pass_state import RelativeRows, RotationKey, as_rows
+from .rerope import rerope_logits
+from .resonance_rope import resonance_angles, resonance_frequencies, resonance_wavelengths
 
 SCALINGS = ("none", "linear", "ntk", "yarn")
 #: YaRN's α and β: frequencies with fewer than α turns in the training length are interpolated, more than β kept
@@ -81,6 +88,30 @@ def _number(value, flag: str, cast):
     if cast is int and float(value) != number:
         raise UserError(f"{flag}: a whole number is needed, got {value!r}")
     return number
+
+
+def rerope_options(args):
+    """(window, training length, leaky factor) of ReRoPE (:mod:`.rerope`), (None, None, None) without it."""
+    window = _number(getattr(args, "pe_rerope_window", None), "--pe-rerope-window", int)
+    length = _number(getattr(args, "pe_rerope_train_length", None), "--pe-rerope-train-length", int)
+    factor = _number(getattr(args, "pe_rerope_leaky_factor", None), "--pe-rerope-leaky-factor", float)
+    if window is None:
+        given = [flag for flag, value in (("--pe-rerope-train-length", length), ("--pe-rerope-leaky-factor", factor))
+                 if value is not None]
+        if given:
+            raise UserError(f"{' and '.join(given)} {'need' if len(given) > 1 else 'needs'} --pe-rerope-window W "
+                            "(ReRoPE's window): give it, or remove them")
+        return None, None, None
+    if window < 1:
+        raise UserError(f"--pe-rerope-window must be at least 1 (the relative positions kept), got {window}")
+    if length is None or length < 2:
+        raise UserError("--pe-rerope-window needs --pe-rerope-train-length L, the longest sequence the model was "
+                        "trained on, at least 2 (queries are scaled by max(1, log(i + 1)/log L), as the reference), "
+                        f"got {length}")
+    if factor is not None and not (math.isfinite(factor) and factor > 1):
+        raise UserError(f"--pe-rerope-leaky-factor must be a number above 1 (the slope 1/K past the window; "
+                        f"without it: ReRoPE), got {factor}")
+    return window, length, factor
 
 
 def rope_scaling(args):
@@ -131,6 +162,28 @@ class RotaryPositionEncoding(Float32State, RelativePositionEncoding):
             # rank 0's while the cached length (a plain attribute) stays each rank's own; an empty one costs nothing
             cache_if_possible=False, cache_max_seq_len=0)
         self.qk_scale = yarn_scale(self.factor) if yarn else 1.0
+        #: Resonance RoPE (``--pe-rope-resonance``, :mod:`.resonance_rope`): the scaled frequencies rounded to whole
+        #: wavelengths, PI's factor folded into them (positions stay integers)
+        self.resonance = bool(getattr(args, "pe_rope_resonance", None))
+        pairs = self.rotated_pairs(args)
+        with torch.no_grad():
+            if self.resonance:
+                wavelengths = resonance_wavelengths(self.rotary.freqs / self.rotary.interpolate_factor)
+                self.rotary.freqs.copy_(resonance_frequencies(wavelengths))
+                self.rotary.interpolate_factor = 1.0
+            self.rotary.freqs[pairs:] = 0  # p-RoPE's unrotated pairs
+        if self.resonance:  # the periods of the angles (t mod λ̃)·θ̃; 1 for the unrotated pairs (any finite value)
+            self.register_buffer("periods", wavelengths.masked_fill(self.rotary.freqs == 0, 1.0), persistent=False)
+        self.rerope_window, self.rerope_train_length, self.rerope_leaky_factor = rerope_options(args)
+        if self.rerope_window is not None:
+            # ReRoPE (:mod:`.rerope`): the attention takes its logits from rerope_logits (the logits hook), the
+            # keys are cached unrotated, and the log scaling reads the absolute positions (not the indices)
+            self.own_logits = True
+            self.needs_positions = True
+
+    def rotated_pairs(self, args) -> int:
+        """How many pairs of dimensions rotate, those of highest frequency (p-RoPE's floor(p·d/2)): all here."""
+        return self.head_dim // 2
 
     def query_positions(self, length: int, query_offset: int, device, rows: RelativeRows = None):
         """The positions of the pass's new queries (and keys): (B, T) from the rows' own positions
@@ -167,7 +220,24 @@ class RotaryPositionEncoding(Float32State, RelativePositionEncoding):
             t = (torch.arange(length, device=device, dtype=torch.float32) + query_offset)
         else:
             t = positions.float().unsqueeze(1)
+        return self.angles_of(t)
+
+    def angles_of(self, t: torch.Tensor) -> torch.Tensor:
+        """m·θ_i of the positions ``t`` (..., T) float32: (..., T, d/2)."""
+        if self.resonance:
+            return resonance_angles(t, self.rotary.freqs, self.periods)
         return (t / self.rotary.interpolate_factor).unsqueeze(-1) * self.rotary.freqs  # its einsum, one product
+
+    def rotation_at(self, t: torch.Tensor) -> torch.Tensor:
+        """R(t) of the positions ``t`` (..., T) float32 (any real number), complex (..., T, d/2), times YaRN's
+        scale of queries and keys."""
+        angles = self.angles_of(t)
+        return torch.polar(torch.full_like(angles, self.qk_scale), angles)
+
+    @staticmethod
+    def rotated_by(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+        """``x`` (..., T, d) times ``rotation`` (..., T, d/2) pair by pair, in float32, in ``x``'s dtype."""
+        return rotated(x, rotation, x.dtype)
 
     def rotated_dtype(self, dtype, length, query_offset, rows=None):
         return dtype
@@ -175,9 +245,16 @@ class RotaryPositionEncoding(Float32State, RelativePositionEncoding):
     def rotate(self, q, k, query_offset, block, query_scale=1.0, rows=None):
         # q, k: (B, H, T, d); new keys sit at the same indices as the queries.  Each pair of dimensions (2i, 2i+1)
         # rotates by m·θ_i (rotary-embedding-torch's layout): a complex product, computed in float32
+        if self.rerope_window is not None:  # ReRoPE rotates in attention_logits; keys are cached unrotated
+            return (q if query_scale == 1.0 else q * query_scale), k
         rotate_q, rotate_k = self.rotations(q.size(-2), query_offset, q.device, query_scale, rows)
         dtype = self.rotated_dtype(q.dtype, q.size(-2), query_offset, rows)
         return rotated(q, rotate_q, dtype), rotated(k, rotate_k, dtype)
+
+    def attention_logits(self, q, k, query_offset, block, rows=None, state=None, masking=None):
+        if self.rerope_window is None:
+            return super().attention_logits(q, k, query_offset, block, rows, state, masking)
+        return rerope_logits(self, q, k, query_offset, rows)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):

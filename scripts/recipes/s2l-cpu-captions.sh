@@ -17,7 +17,14 @@
 # Interpolation, NTK-aware scaling and YaRN (factor ROPE_SCALING_FACTOR, default 4: a source of 4x the
 # training length keeps its angles within the trained range; YaRN's original length 37 = the longest training
 # target with </s>), through fairseq's --model-overrides and no retraining (rows rope-pi, rope-ntk, rope-yarn;
-# ROPE_SCALING_FACTOR=none leaves them out).
+# ROPE_SCALING_FACTOR=none leaves them out); and with Resonance RoPE's rounded wavelengths on top of YaRN (Wang et al.
+# 2024: row rope-yarn-resonance), ReRoPE and Leaky ReRoPE (Su 2023: every relative distance past a window of
+# REROPE_WINDOW = 16 positions, under the 19 of the longest training source, capped, or grown 16 times slower; the
+# queries' log scaling from the training length 37; rows rope-rerope, rope-leaky-rerope; REROPE_WINDOW=none leaves
+# them out).
+# The encodings of 2024-2025 (issue 43) beside RoPE, ALiBi and KERPLE as anchors: the catalogue's group
+# s2l-cpu-captions-2024,
+#   SYSTEMS="$(python -m fairseq_pe.systems names s2l-cpu-captions-2024)" bash scripts/recipes/s2l-cpu-captions.sh WORK
 # Randomised positions evaluated two ways: the decoder at 0..n-1 (the default; rows ape-sinusoidal-random,
 # rope-random) and at the positions that training draws on average for a target as long as the source (rows
 # *-spaced: --pe-random-eval-decoder spaced through --model-overrides, the same checkpoints).
@@ -39,7 +46,13 @@ VARIANTS=()
 if [ "$FACTOR" != none ] && [[ " $SYSTEMS " == *" rope "* ]]; then
     VARIANTS=(--decode-variant "rope-pi=rope:{'pe_rope_scaling': 'linear', 'pe_rope_scaling_factor': $FACTOR}"
               --decode-variant "rope-ntk=rope:{'pe_rope_scaling': 'ntk', 'pe_rope_scaling_factor': $FACTOR}"
-              --decode-variant "rope-yarn=rope:{'pe_rope_scaling': 'yarn', 'pe_rope_scaling_factor': $FACTOR, 'pe_rope_scaling_original_length': 37}")
+              --decode-variant "rope-yarn=rope:{'pe_rope_scaling': 'yarn', 'pe_rope_scaling_factor': $FACTOR, 'pe_rope_scaling_original_length': 37}"
+              --decode-variant "rope-yarn-resonance=rope:{'pe_rope_scaling': 'yarn', 'pe_rope_scaling_factor': $FACTOR, 'pe_rope_scaling_original_length': 37, 'pe_rope_resonance': True}")
+fi
+if [ "${REROPE_WINDOW:-16}" != none ] && [[ " $SYSTEMS " == *" rope "* ]]; then
+    W=${REROPE_WINDOW:-16}
+    VARIANTS+=(--decode-variant "rope-rerope=rope:{'pe_rerope_window': $W, 'pe_rerope_train_length': 37}"
+               --decode-variant "rope-leaky-rerope=rope:{'pe_rerope_window': $W, 'pe_rerope_train_length': 37, 'pe_rerope_leaky_factor': 16}")
 fi
 for random in ape-sinusoidal-random rope-random; do
     if [[ " $SYSTEMS " == *" $random "* ]]; then
