@@ -14,8 +14,14 @@ from fairseq_pe.positional.t5_bias import t5_bucket
 
 from helpers import assert_incremental_equals_full, build_model, random_tokens
 
-RELATIVE = ["learned", "sinusoidal", "learnable-sinusoidal", "rope", "alibi", "t5", "kerple-log", "kerple-power", "xpos", "sandwich", "fire"]
+#: the registry's --pe-relative encodings (registry names, not the catalogue's systems), by kind
 SHAW_FAMILY = ["learned", "sinusoidal", "learnable-sinusoidal"]
+ROTARY = ["rope", "xpos", "p-rope", "fope"]
+BIASES = ["alibi", "t5", "kerple-log", "kerple-power", "sandwich", "fire"]
+OWN_LOGITS = ["fox", "cope"]  # the logits hook's (issue 43)
+RELATIVE = SHAW_FAMILY + ROTARY + BIASES + OWN_LOGITS
+#: the options an encoding cannot be built without (FoPE's training length)
+REQUIRED = {"fope": ("--pe-fope-train-length", "16")}
 PAIRS = [(a, r) for a in ("learned", "learnable-sinusoidal") for r in SHAW_FAMILY]  # Wang et al. Table 2
 
 
@@ -158,7 +164,7 @@ def test_t5_buckets():
 
 
 def model_flags(absolute, relative, *extra):
-    return ["--pe-absolute", absolute, "--pe-relative", relative, *extra]
+    return ["--pe-absolute", absolute, "--pe-relative", relative, *REQUIRED.get(relative, ()), *extra]
 
 
 @pytest.mark.parametrize("absolute,relative,extra", [("none", r, ()) for r in RELATIVE]
@@ -196,6 +202,9 @@ def test_relative_encodings_have_no_length_limit(relative):
 @pytest.mark.parametrize("relative", RELATIVE)
 def test_relative_encoding_makes_the_encoder_order_aware(relative):
     model, d = build_model(*model_flags("none", relative))
+    if relative == "cope":  # its tables start at zero (CoPE adds nothing at initialisation): trained ones, say
+        with torch.no_grad():
+            model.encoder.embed_positions.relative.pos_emb.normal_(generator=torch.Generator().manual_seed(0))
     src = random_tokens(d, 1, 10)
     perm = torch.randperm(10, generator=torch.Generator().manual_seed(3))
     out = model.encoder(src, torch.tensor([10]))["encoder_out"][0]
@@ -203,7 +212,8 @@ def test_relative_encoding_makes_the_encoder_order_aware(relative):
     assert (out_perm - out[perm]).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("relative", ["learned", "learnable-sinusoidal", "t5", "kerple-log", "kerple-power", "fire"])
+@pytest.mark.parametrize("relative", ["learned", "learnable-sinusoidal", "t5", "kerple-log", "kerple-power", "fire", "fox",
+                                      "cope"])
 def test_learnable_relative_parameters_get_gradients(relative):
     model, d = build_model(*model_flags("none", relative))
     model.train()
