@@ -203,10 +203,12 @@ GROUPS: Dict[str, Tuple[str, ...]] = {
     "bert-pretrain": ("ape-learned", "ape-sinusoidal", "ape-learnable-sin", "rpe-learned", "rpe-sinusoidal",
                       "rpe-learnable-sin", "ape-learned+rpe-learned", "ape+rpe-learnable-sin", "floater"),
     # scripts/gpu_check.py, in the order of their value on a GPU: the widely used encodings and those whose attention
-    # takes each path first (APE, RoPE: no mask; ALiBi: a fixed bias; T5 and KERPLE: a learned bias; Shaw: blockwise)
+    # takes each path first (APE, RoPE: no mask; ALiBi: a fixed bias; T5 and KERPLE: a learned bias; Shaw: blockwise;
+    # FoX, CoPE, DAPE: the logits hook), then the rest
     "gpu-check": ("ape-sinusoidal", "rope", "alibi", "t5", "kerple-power", "rpe-learned", "xpos", "fire", "sandwich",
-                  "floater-bias", "kerple-log", "ape-learned", "none", "ape-learnable-sin", "rpe-sinusoidal",
-                  "rpe-learnable-sin", "floater", "floater-input", "rope-random", "ape-sinusoidal-random"),
+                  "fox", "cope", "kerple-log-dape", "floater-bias", "kerple-log", "ape-learned", "none", "ape-learnable-sin",
+                  "rpe-sinusoidal", "rpe-learnable-sin", "floater", "floater-input", "rope-random",
+                  "ape-sinusoidal-random") + ROTARY_2024 + ("alibi-dape2",),
     # bert-pretrain.sh's base mode (a pretrained RoBERTa continued): FLOATER as biases on its learned table
     "bert-pretrain-base": ("ape-learned", "ape-sinusoidal", "ape-learnable-sin", "rpe-learned", "rpe-sinusoidal",
                            "rpe-learnable-sin", "ape-learned+rpe-learned", "ape+rpe-learnable-sin",

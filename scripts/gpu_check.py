@@ -87,15 +87,15 @@ from fairseq_pe.errors import cli  # noqa: E402
 from fairseq_pe.outputs import check_new_files, write_json, write_text  # noqa: E402
 from fairseq_pe import systems as catalogue  # noqa: E402
 
-#: every encoding (the quickstart's names), FLOATER in its three forms
-SYSTEMS = {name: flags for name, flags in catalogue.group("translation").items()
-           if name not in ("floater-warm", "ape-sin+rpe-learned")}
-SYSTEMS["floater-input"] = catalogue.flags("floater-input")  # FLOATER at the embedding layer only (floater: every block)
+sys.path.insert(0, HERE)
+#: every encoding (the quickstart's names), FLOATER in its three forms, issue 43's (those of 2024-2025, ReRoPE with
+#: a window of 3): count_ops.py's systems, whose SDPA arguments docs/speed.md's tables give (sdpa_arguments.py)
+from count_ops import SYSTEMS  # noqa: E402
 STOCK = "stock"
 #: the systems in the order of their value on a GPU: the widely used encodings and those whose attention takes each
 #: path first (APE, RoPE: no mask; ALiBi: a fixed bias; T5 and KERPLE: a learned bias, fused with its gradient on
 #: CUDA; Shaw: blockwise), then the rest
-SYSTEM_ORDER = list(catalogue.GROUPS["gpu-check"])
+SYSTEM_ORDER = list(catalogue.GROUPS["gpu-check"]) + ["rope-rerope"]  # ReRoPE: RoPE's inference option (count_ops.py)
 assert sorted(SYSTEM_ORDER) == sorted(SYSTEMS)
 #: the CPU rehearsal's systems (``--device cpu`` without ``--systems``): no mask, a fixed bias, a learned bias (the
 #: blockwise path in training on the CPU)
@@ -130,8 +130,9 @@ TRAINING_SYSTEMS = {"cuda": 8, "cpu": 1}  # (the budget may stop it earlier)
 DDP_SYSTEMS = {"cuda": 1, "cpu": 1}
 DDP_ORDER = ["t5", "floater-bias", "rope", "kerple-power", "ape-sinusoidal", "alibi"]
 #: the systems of the masked-rows check: one per path (no bias, a fixed bias, a learned bias, Shaw's blockwise
-#: path), and KERPLE-power, whose bias passes fp16's range
-MASKED_SYSTEMS = ["ape-sinusoidal", "alibi", "t5", "rpe-learned", "kerple-power"]
+#: path), KERPLE-power, whose bias passes fp16's range, and the logits hook's (issue 43: FoX's gates, CoPE's counts,
+#: DAPE's network over the logits)
+MASKED_SYSTEMS = ["ape-sinusoidal", "alibi", "t5", "rpe-learned", "kerple-power", "fox", "cope", "kerple-log-dape"]
 
 
 def progress(msg: str):

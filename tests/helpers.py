@@ -157,6 +157,20 @@ def _console_scripts():
 #: reads none at import (tests/test_fresh_interpreters.py checks it; FAIRSEQ_PE_TRACEBACK is read when an error is
 #: reported).
 READ_AT_START = ("PYTHON", "OMP_", "MKL_", "KMP_", "CUDA_", "TORCH", "PYTORCH")
+#: ... but for those that torch's compiler writes into its own process's environment at its first compilation
+#: (torch._inductor: its cache folder, and the OpenMP switches of its C++ kernels), which no run of ours reads at its
+#: start: a test process that has compiled (tests/test_flex.py) would otherwise send every later run of its worker to
+#: a new interpreter, at 4 times the time (found in the suite: tests/test_cli_e2e.py's runs took 16-20 s there, 4 s
+#: alone)
+SET_BY_TORCH = ("TORCHINDUCTOR_CACHE_DIR", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK")
+
+
+def needs_new_interpreter(env: dict, started: dict) -> bool:
+    """Whether a run in ``env`` must start a new interpreter rather than fork the server started in ``started``: a
+    variable read at an interpreter's start or torch's import differs (:data:`READ_AT_START`, :data:`SET_BY_TORCH`
+    aside)."""
+    return any(env.get(k) != started.get(k) for k in {*env, *started}
+               if k.startswith(READ_AT_START) and k not in SET_BY_TORCH)
 
 
 class _CliServer:
@@ -166,10 +180,11 @@ class _CliServer:
         self.proc = None
         self.env = None
         self._lock = threading.Lock()
+        self.forked_runs = 0  # runs the server forked (tests/test_cli_server.py counts them)
 
     def run(self, script, cmd, env, cwd):
         started = self.env or _BASE_ENV
-        if any(env.get(k) != started.get(k) for k in {*env, *started} if k.startswith(READ_AT_START)):
+        if needs_new_interpreter(env, started):
             # read at an interpreter's start or by torch's import, which the server's would not do for this run
             argv = cmd if script[1] is not None else [sys.executable, *cmd]  # a Python file runs with this Python
             return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
@@ -191,6 +206,7 @@ class _CliServer:
                 if not reply:
                     raise AssertionError(f"the tests' fork server (tests/cli_server.py) died running {' '.join(cmd)}")
                 code = json.loads(reply)["returncode"]
+                self.forked_runs += 1
 
                 def read(path):
                     with open(path, encoding="utf-8", errors="replace") as f:

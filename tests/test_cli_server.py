@@ -93,3 +93,21 @@ def test_fairseq_train_generate_and_a_plugin_tool_as_a_new_interpreter(data, tmp
                          str(tmp_path / "missing.pt"), "--cpu")
     assert_user_error(fresh, "fairseq-generate", "missing.pt")
     assert_same(forked, fresh)
+
+
+def test_a_process_that_compiled_with_torch_still_forks_its_runs(monkeypatch):
+    """torch's compiler writes variables into its process's environment at its first compilation (tests/test_flex.py
+    compiles): a later run of a console script is still forked, not a new interpreter; a variable that a run does
+    read at its start still sends it to one."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    for name in helpers.SET_BY_TORCH:
+        monkeypatch.delenv(name, raising=False)
+    cache_dir()  # what a first compilation does: TORCHINDUCTOR_CACHE_DIR set in os.environ
+    assert "TORCHINDUCTOR_CACHE_DIR" in os.environ
+    monkeypatch.setenv("KMP_INIT_AT_FORK", "FALSE")  # as torch leaves them after tests/test_flex.py
+    monkeypatch.setenv("KMP_DUPLICATE_LIB_OK", "True")
+    before = helpers._CLI_SERVER.forked_runs
+    proc = cli("fairseq-pe-analyze", "--help")
+    assert proc.returncode == 0 and helpers._CLI_SERVER.forked_runs == before + 1
+    assert helpers.needs_new_interpreter(dict(os.environ, OMP_NUM_THREADS="2"), helpers._BASE_ENV)
