@@ -101,6 +101,23 @@ def test_seeds_give_mean_sample_sd_and_every_value():
     assert "| rope | 2 | 12.00 | refused |" in table and "| rope | 3 | 14.50 | refused |" in table  # every seed
 
 
+def test_the_plot_keeps_a_long_legend_off_the_curves(tmp_path):
+    """With many systems (docs/lm-cpu-extrapolation.png has 26) the legend goes beside the panel, in columns: the
+    figure is wider than a plot of one system (before, both were the same size and the legend covered the curves)."""
+    from PIL import Image
+
+    cell = {"perplexity": 10.0, "perplexity_sd": 1.0, "perplexity_seeds": [9.0, 10.0, 11.0], "seeds": 3}
+    widths = {}
+    for count in (1, 26):
+        names = [f"system-{i}" for i in range(count)]
+        report = {"train_length": 16, "lengths": [16, 32], "modes": ["nonoverlapping"], "stride": 16,
+                  "gen_subset": "test", "checkpoints": {n: ["a"] for n in names},
+                  "results": {n: {"nonoverlapping": {"16": cell, "32": cell}} for n in names}}
+        ex.plot(report, str(tmp_path / f"{count}.png"))
+        widths[count] = Image.open(tmp_path / f"{count}.png").size[0]
+    assert widths[26] > widths[1] * 1.4, widths
+
+
 @pytest.fixture(scope="module")
 def lm_data(tmp_path_factory):
     """80 lines of counting sequences over 30 words, binarised for --task language_modeling."""
