@@ -26,10 +26,15 @@ def all_shell_files():
 
 @pytest.fixture(scope="module")
 def bare_path(tmp_path_factory):
-    """A PATH with bash and python only."""
+    """A PATH with bash and python only.  ``python`` runs this interpreter by its own path: a symlink to a virtual
+    environment's python, run by another path, finds no pyvenv.cfg beside it and starts the base interpreter, without
+    this environment's packages (on a machine whose base Python has none of them, Debian's, the recipes' catalogue
+    import failed; where the base Python had them, the test passed by that chance)."""
     d = tmp_path_factory.mktemp("bin")
     os.symlink(shutil.which("bash"), d / "bash")
-    os.symlink(sys.executable, d / "python")
+    wrapper = d / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    wrapper.chmod(0o755)
     return str(d)
 
 
