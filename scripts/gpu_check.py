@@ -90,12 +90,13 @@ from fairseq_pe import systems as catalogue  # noqa: E402
 sys.path.insert(0, HERE)
 #: every encoding (the quickstart's names), FLOATER in its three forms, issue 43's (those of 2024-2025, ReRoPE with
 #: a window of 3): count_ops.py's systems, whose SDPA arguments docs/speed.md's tables give (sdpa_arguments.py)
-from count_ops import SYSTEMS  # noqa: E402
+from count_ops import OWN_LOGITS, SYSTEMS  # noqa: E402
 STOCK = "stock"
 #: the systems in the order of their value on a GPU: the widely used encodings and those whose attention takes each
 #: path first (APE, RoPE: no mask; ALiBi: a fixed bias; T5 and KERPLE: a learned bias, fused with its gradient on
 #: CUDA; Shaw: blockwise), then the rest
-SYSTEM_ORDER = list(catalogue.GROUPS["gpu-check"]) + ["rope-rerope"]  # ReRoPE: RoPE's inference option (count_ops.py)
+SYSTEM_ORDER = list(catalogue.GROUPS["gpu-check"]) + [  # and count_ops.py's own (ReRoPE: RoPE's inference option)
+    name for name in OWN_LOGITS if name not in catalogue.SYSTEMS]
 assert sorted(SYSTEM_ORDER) == sorted(SYSTEMS)
 #: the CPU rehearsal's systems (``--device cpu`` without ``--systems``): no mask, a fixed bias, a learned bias (the
 #: blockwise path in training on the CPU)

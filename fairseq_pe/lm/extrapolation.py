@@ -265,10 +265,10 @@ def plot(report: dict, path: str) -> None:
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's logging setup lets its DEBUG lines out
     modes, lengths = report["modes"], report["lengths"]
     styles = system_styles(list(report["results"]))
-    many = len(report["results"]) > 12  # the legend beside the panels, in columns, not over the curves
-    columns = 1 + len(report["results"]) // 14 if many else 1
-    fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes) + (2.2 * columns if many else 0), 4.2),
-                             squeeze=False, sharey=True)
+    beside = len(report["results"]) > 12  # the legend beside the panels, in columns, not over the curves
+    columns = 1 + len(report["results"]) // 14
+    width = 5.5 * len(modes) + (2.2 * columns if beside else 0)
+    fig, axes = plt.subplots(1, len(modes), figsize=(width, 4.2), squeeze=False, sharey=True)
     for ax, mode in zip(axes[0], modes):
         for system, cells in report["results"].items():
             xs = [n for n in lengths if "refused" not in cells[mode][str(n)]]
@@ -291,10 +291,8 @@ def plot(report: dict, path: str) -> None:
         ax.set_title(MODE_TITLES[mode] + ("" if mode == "nonoverlapping" else f" (stride {report['stride']})"))
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel(f"perplexity ({report['gen_subset']})")
-    if many:
-        axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), ncol=columns)
-    else:
-        axes[0][-1].legend(fontsize=7, loc="best")
+    axes[0][-1].legend(fontsize=7, **(dict(loc="upper left", bbox_to_anchor=(1.02, 1.0), ncol=columns) if beside
+                                      else dict(loc="best")))
     fig.tight_layout()
     savefig(fig, path, dpi=120, bbox_inches="tight")
     plt.close(fig)
