@@ -50,6 +50,7 @@ setup(
             "fairseq-pe-average-checkpoints = fairseq_pe.average_checkpoints:main",
             "fairseq-pe-prepare-wikitext = fairseq_pe.data_prep.wikitext:main",
             "fairseq-pe-lm-lengths = fairseq_pe.lm.extrapolation:main",
+            "fairseq-pe-counting = fairseq_pe.lm.counting:main",
         ],
     },
 )

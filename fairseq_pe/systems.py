@@ -244,6 +244,9 @@ GROUPS["s2l-cpu-captions"] = GROUPS["quickstart"] + ("kerple-log", "kerple-power
 # the rotary variants, FoX, CoPE, and DAPE v1 on ALiBi and on KERPLE (its papers' main bases) and v2 on ALiBi
 GROUPS["s2l-cpu-captions-2024"] = ("rope", "alibi", "kerple-log") + ROTARY_2024 + ("fox", "cope", "alibi-dape",
                                                                                  "kerple-log-dape", "alibi-dape2")
+# scripts/recipes/lm-cpu-counting.sh, CoPE's counting task: the paper's three (a learned absolute table, the
+# reference's learned relative one, CoPE) beside no positions, RoPE, ALiBi and FoX
+GROUPS["lm-cpu-counting"] = ("ape-learned", "rpe-learned", "cope", "none", "rope", "alibi", "fox")
 # every system fairseq-pe-quickstart knows by name before the catalogue (count_ops, gpu_check start from it)
 GROUPS["translation"] = GROUPS["quickstart"] + ("ape-sin+rpe-learned",) + GROUPS["extrapolation"]
 # scripts/benchmark_positions.py: the translation systems, FLOATER at the input beside every block, fairseq's

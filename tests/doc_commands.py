@@ -477,7 +477,10 @@ def check_parsed(kind: str, program: str, args: List[str], lenient: bool, prefix
     if lenient:
         _relax(parser)
     ns, error = _attempt(lambda: parser.parse_args(args))
-    problems = report(prefix, parser, args, error)
+    # a tool with subcommands (fairseq-pe-counting data|score): the flags are the subcommand's
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    problems = report(prefix, sub.choices[args[0]] if sub and args and args[0] in sub.choices else parser, args,
+                      error)
     return problems + (VALUE_CHECKS[name](ns, prefix) if ns and not problems and name in VALUE_CHECKS else [])
 
 

@@ -46,6 +46,7 @@ FRESH_SUBSET = {
     "fairseq-pe-prepare-wikitext": ["test_data_prep_lm.py::test_prepare_wikitext_downloads_and_binarises_word_level",
                                     "test_data_prep_lm.py::test_prepare_wikitext_on_the_wikitext2_raw_files"],
     "fairseq-pe-lm-lengths": ["test_lm_tools.py::test_stock_model_that_skips_samples_is_an_error"],
+    "fairseq-pe-counting": ["test_counting.py::test_counting_tool_end_to_end"],
     "fairseq-interactive": ["test_lm.py::test_interactive_and_the_hub_generate_from_a_trained_model"],
     "fairseq-eval-lm": ["test_lm_tools.py::test_stock_model_that_skips_samples_is_an_error"],
 }

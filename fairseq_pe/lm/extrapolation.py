@@ -132,11 +132,13 @@ def split_tokens(data: str, subset: str) -> int:
     return int(dataset.sizes.sum())
 
 
-def eval_lm_executable() -> str:
-    beside = os.path.join(os.path.dirname(sys.executable), "fairseq-eval-lm")
-    exe = beside if os.path.isfile(beside) else shutil.which("fairseq-eval-lm")
+def fairseq_executable(name: str) -> str:
+    """A fairseq console script (``fairseq-eval-lm``, ``fairseq-validate``): the one beside this interpreter, else
+    the one on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), name)
+    exe = beside if os.path.isfile(beside) else shutil.which(name)
     if exe is None:
-        raise UserError("fairseq-eval-lm not found on PATH: install fairseq (scripts/install.sh)")
+        raise UserError(f"{name} not found on PATH: install fairseq (scripts/install.sh)")
     return exe
 
 
@@ -148,7 +150,7 @@ def batch_max_tokens(max_tokens: int, tokens_per_sample: int, context: int) -> i
 
 
 def eval_lm_command(args: argparse.Namespace, checkpoint: str, tokens_per_sample: int, context: int) -> List[str]:
-    return [eval_lm_executable(), args.data, "--path", checkpoint, "--user-dir", PLUGIN_DIR,
+    return [fairseq_executable("fairseq-eval-lm"), args.data, "--path", checkpoint, "--user-dir", PLUGIN_DIR,
             "--gen-subset", args.gen_subset, "--sample-break-mode", "none",
             "--tokens-per-sample", str(tokens_per_sample), "--context-window", str(context),
             "--max-tokens", str(batch_max_tokens(args.max_tokens, tokens_per_sample, context)),
@@ -167,22 +169,32 @@ def check_point(parsed: dict, expected: int, where: str) -> None:
                         "fewer tokens than the split (see the log)")
 
 
+def run_logged(cmd: List[str], log_path: str) -> Tuple[subprocess.CompletedProcess, float]:
+    """A fairseq tool as a subprocess, its output (stdout and stderr in one stream) written to ``log_path`` after the
+    command: (the process, its seconds)."""
+    from fairseq_pe.outputs import write_text
+
+    start = time.time()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    write_text(log_path, f"$ {shlex.join(cmd)}\n{proc.stdout}")
+    return proc, time.time() - start
+
+
+def failed(where: str, tool: str, proc: subprocess.CompletedProcess, log_path: str) -> UserError:
+    """The error of a tool that exited non-zero: its status, its log, the end of its output."""
+    return UserError(f"{where}: {tool} failed (exit {proc.returncode}), its output in {log_path}:\n"
+                     f"{proc.stdout[-2000:]}")
+
+
 def run_point(args, checkpoint: str, tokens_per_sample: int, context: int, expected: int, log_path: str,
               where: str) -> dict:
     """One fairseq-eval-lm run: ``{"perplexity", "loss_base2", "tokens", "seconds"}`` or ``{"refused": reason}``."""
-    from fairseq_pe.outputs import write_text
-
-    cmd = eval_lm_command(args, checkpoint, tokens_per_sample, context)
-    start = time.time()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seconds = time.time() - start
-    write_text(log_path, f"$ {shlex.join(cmd)}\n{proc.stdout}")
+    proc, seconds = run_logged(eval_lm_command(args, checkpoint, tokens_per_sample, context), log_path)
     reason = refusal(proc.returncode, proc.stdout, past_training_length=tokens_per_sample > args.train_length)
     if reason is not None:
         return {"refused": reason, "seconds": round(seconds, 1)}
     if proc.returncode != 0:
-        raise UserError(f"{where}: fairseq-eval-lm failed (exit {proc.returncode}), its output in {log_path}:\n"
-                        f"{proc.stdout[-2000:]}")
+        raise failed(where, "fairseq-eval-lm", proc, log_path)
     try:
         parsed = parse_eval_lm(proc.stdout)
     except ValueError as e:

@@ -56,9 +56,9 @@ DRY_RUN=${DRY_RUN:-0}
 PLUGIN=$REPO/fairseq_pe
 export PYTHONUNBUFFERED=1
 
-catalogue() { PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m fairseq_pe.systems "$@"; }
-die() { echo "lm-cpu-extrapolation.sh: $*" >&2; exit 2; }
-log() { echo "[lm-cpu $(date +%H:%M:%S)] $*" >&2; }
+PROG=lm-cpu-extrapolation.sh TAG=lm-cpu
+# shellcheck source=scripts/recipes/lm_cpu_common.sh
+source "$REPO/scripts/recipes/lm_cpu_common.sh"
 
 if [[ $QUICK == 1 ]]; then
   SYSTEMS=${SYSTEMS:-$(catalogue names lm-wiki103)} || die "$PYTHON cannot read fairseq_pe/systems.py"
@@ -68,25 +68,12 @@ else
   SYSTEMS=${SYSTEMS:-$(catalogue names encodings)} || die "$PYTHON cannot read fairseq_pe/systems.py"
   SEEDS=${SEEDS:-1 2 3}
 fi
-declare -A FLAGS=()
-for name in $SYSTEMS; do
-  FLAGS[$name]=$(catalogue flags "$name" 2>/dev/null) \
-    || die "SYSTEMS: unknown system '$name'; choose from: $(catalogue names encodings) (or any of: python -m fairseq_pe.systems table)"
-done
+read_systems
 # FoPE zeroes the frequencies below 2π/L_train: the catalogue's length is the captions' (37), the models here train at L
 for name in "${!FLAGS[@]}"; do
   FLAGS[$name]=$(sed -E "s/--pe-fope-train-length [0-9]+/--pe-fope-train-length $L/" <<< "${FLAGS[$name]}")
 done
-for seed in $SEEDS; do [[ $seed =~ ^[0-9]+$ ]] || die "SEEDS: '$seed' is not a number"; done
 [[ $DRY_RUN == 1 || -d $DATA ]] || die "text folder $DATA not found; set DATA=DIR (*.txt / *.raw files under it)"
-
-# run LOG CMD...: DRY_RUN=1 prints the command; otherwise runs it, its output to LOG (its tail shown on failure)
-run() {
-  local out=$1; shift
-  if [[ $DRY_RUN == 1 ]]; then printf '+ %s\n' "$(printf '%q ' "$@")"; return 0; fi
-  mkdir -p "${out%/*}"
-  "$@" > "$out" 2>&1 || { echo "lm-cpu-extrapolation.sh: failed, see $out:" >&2; tail -n 30 "$out" >&2; return 1; }
-}
 
 # ---- 1. data (the step runs while train.bin, which the tool writes last, is missing: --force replaces what an
 # interrupted earlier run left)
@@ -100,55 +87,13 @@ else
 fi
 
 # ---- 2. training, JOBS runs at a time
-train() {  # train NAME SEED
-  local name=$1 seed=$2 dir=$WORK/runs/$1-s$2
-  # shellcheck disable=SC2086
-  local pe=(${FLAGS[$name]})
-  local start=$SECONDS
-  OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS run "$dir/train.log" fairseq-train "$WORK/data" \
-    --user-dir "$PLUGIN" --task language_modeling --tokens-per-sample "$L" --sample-break-mode none \
-    --arch "$ARCH" "${pe[@]}" --share-decoder-input-output-embed --dropout 0.1 \
-    --optimizer adam --adam-betas '(0.9, 0.98)' --weight-decay 0.01 --clip-norm 0.0 \
-    --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07 \
-    --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --seed "$seed" --cpu --num-workers 0 \
-    --save-dir "$dir" --no-epoch-checkpoints --log-format simple --log-interval 100
-  [[ $DRY_RUN == 1 ]] && return 0
-  touch "$dir/train.done"
-  log "$name seed $seed: trained in $((SECONDS - start)) s ($(grep -o 'done training in [0-9.]* seconds' "$dir/train.log"))"
-}
-
-CHECKPOINTS=()
-pending=0
-for seed in $SEEDS; do
-  for name in $SYSTEMS; do
-    dir=$WORK/runs/$name-s$seed
-    CHECKPOINTS+=("$name=$dir/checkpoint_last.pt")
-    if [[ $DRY_RUN != 1 && -f $dir/train.done ]]; then
-      log "$name seed $seed: trained already ($dir)"
-      continue
-    fi
-    [[ $DRY_RUN == 1 ]] || rm -rf "$dir"  # an interrupted run starts again (its learning-rate schedule and seed)
-    log "$name seed $seed: training ($ARCH ${FLAGS[$name]}, L=$L, $MAX_UPDATE updates)"
-    if [[ $DRY_RUN == 1 || $JOBS -le 1 ]]; then
-      train "$name" "$seed"
-    else
-      train "$name" "$seed" &
-      pending=$((pending + 1))
-      if ((pending >= JOBS)); then wait -n; pending=$((pending - 1)); fi
-    fi
-  done
-done
-while ((pending > 0)); do wait -n; pending=$((pending - 1)); done
+train_systems "L=$L, $MAX_UPDATE updates" --tokens-per-sample "$L" --sample-break-mode none --log-interval 100
 
 # ---- 3. evaluation at L x MULTIPLIERS, non-overlapping and sliding (skipped while its checkpoints are the same)
-LIST=$(printf '%s\n' "${CHECKPOINTS[@]}" "L=$L" "multipliers=$MULTIPLIERS" "modes=$MODES")
-if [[ $DRY_RUN != 1 && -f $WORK/lengths/lengths.json && $(cat "$WORK/lengths/checkpoints.txt" 2>/dev/null) == "$LIST" ]]; then
-  log "evaluated already: $WORK/lengths/lengths.md"
-else
-  # shellcheck disable=SC2086
-  OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS run "$WORK/logs/lengths.log" fairseq-pe-lm-lengths \
-    --data "$WORK/data" --gen-subset test --train-length "$L" --multipliers $MULTIPLIERS --modes $MODES \
-    --checkpoint "${CHECKPOINTS[@]}" --eval-lm-args=--cpu --jobs "$JOBS" --out "$WORK/lengths" --force
-  [[ $DRY_RUN == 1 ]] || printf '%s\n' "$LIST" > "$WORK/lengths/checkpoints.txt"
-fi
+ONCE_KEY=$(printf '%s\n' "L=$L" "multipliers=$MULTIPLIERS" "modes=$MODES")
+# shellcheck disable=SC2086
+OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS once_per_checkpoints evaluated "$WORK/lengths" lengths.json \
+  "$WORK/logs/lengths.log" fairseq-pe-lm-lengths --data "$WORK/data" --gen-subset test --train-length "$L" \
+  --multipliers $MULTIPLIERS --modes $MODES --checkpoint "${CHECKPOINTS[@]}" --eval-lm-args=--cpu --jobs "$JOBS" \
+  --out "$WORK/lengths" --force
 [[ $DRY_RUN == 1 ]] || { cat "$WORK/lengths/lengths.md"; log "wrote $WORK/lengths/lengths.{md,json,png}"; }
