@@ -52,6 +52,9 @@ def test_split_lengths_are_disjoint_past_the_training_range():
     ranges = counting.split_ranges(64, [1, 2, 4])
     assert ranges == {"train": (3, 64), "valid": (3, 64), "test-1x": (3, 64), "test-2x": (65, 128),
                       "test-4x": (129, 256)}
+    # the -small twins come after, so the splits before them are drawn from the same seeds with or without them
+    assert list(counting.split_ranges(64, [1, 2, 4], 4)) == list(ranges) + [
+        "test-1x-small", "test-2x-small", "test-4x-small"]
 
 
 def test_data_refuses_to_overwrite(tmp_path, capsys):
@@ -61,6 +64,13 @@ def test_data_refuses_to_overwrite(tmp_path, capsys):
     assert stats["splits"]["test-4x"]["statements"] == [17, 32] and stats["splits"]["train"]["samples"] == 20
     for line in (tmp_path / "test-4x.txt").read_text().splitlines():
         assert counting.evaluate(line) == int(line.split()[-1])
+    small = (tmp_path / "test-4x-small.txt").read_text().splitlines()
+    assert len(small) == 5 and all(counting.evaluate(line) == int(line.split()[-1]) <= 4 for line in small)
+    assert all(17 <= line.count(";") <= 32 for line in small)  # test-4x's lengths (one ";" a statement)
+    without = tmp_path / "without"
+    counting.main(argv[:2] + [str(without)] + argv[3:] + ["--small-answers", "-1"])
+    assert (without / "test-4x.txt").read_text() == (tmp_path / "test-4x.txt").read_text()
+    assert not (without / "test-4x-small.txt").exists()
     with pytest.raises(SystemExit) as e:
         counting.main(argv)
     assert e.value.code == 2 and "--force" in capsys.readouterr().err
@@ -199,7 +209,11 @@ def test_recipe_commands_and_bad_systems(tmp_path):
         assert args.criterion == "answer_cross_entropy" and args.sample_break_mode == "eos"
         assert args.tokens_per_sample == 64 * 16 + 3 and args.max_update == 3000
     score = next(c for c in commands if c[:2] == ["fairseq-pe-counting", "score"])
-    assert score[score.index("--subsets") + 1:score.index("--subsets") + 4] == ["1x=test", "2x=test1", "4x=test2"]
+    assert score[score.index("--subsets") + 1:score.index("--subsets") + 7] == [
+        "1x=test", "2x=test1", "4x=test2", "1x-small=test3", "2x-small=test4", "4x-small=test5"]
+    preprocess = next(c for c in commands if c[0] == "fairseq-preprocess")
+    assert [os.path.basename(p) for p in preprocess[preprocess.index("--testpref") + 1].split(",")] == [
+        "test-1x.txt", "test-2x.txt", "test-4x.txt", "test-1x-small.txt", "test-2x-small.txt", "test-4x-small.txt"]
     assert not (tmp_path / "work").exists()
     bad = subprocess.run(["bash", RECIPE, str(tmp_path / "work")], env=dict(env, SYSTEMS="cope nosuch"),
                          capture_output=True, text=True, cwd=tmp_path)
@@ -216,7 +230,8 @@ def test_recipe_smoke_and_resume(tmp_path):
     out = cli(*command)
     report = json.loads((work / "score" / "counting.json").read_text())
     stats = json.loads((work / "raw" / "stats.json").read_text())
-    assert list(report["subsets"]) == ["1x", "2x", "4x"] and list(report["results"]) == ["rope"]
+    assert list(report["subsets"]) == ["1x", "2x", "4x", "1x-small", "2x-small", "4x-small"]
+    assert list(report["results"]) == ["rope"]
     assert all(cell["answers"] == 1000 for cell in report["results"]["rope"].values())
     longest = max(s["tokens_max"] for s in stats["splits"].values())
     assert f"'tokens_per_sample': {longest}," in (work / "runs" / "rope-s1" / "train.log").read_text()

@@ -17,9 +17,15 @@ written here, not copied; its text is the reference's, one token per space-separ
 The reference trains on programs of up to 512 statements and tests on the same lengths.  Here, at CPU scale,
 ``--max-steps S`` (default 64) trains and ``test-1x`` tests in the same range [3, S], and the tests ``test-Kx`` of
 ``--length-factors`` (default 1 2 4) hold programs of (S·K/2, S·K] statements: longer than any training program, the
-extrapolation question of this project.  Every split is drawn from its own seed (``--seed`` + a split's index).
+extrapolation question of this project.  A longer program also has larger answers (more increments): 89% of the
+training answers are at most 4, and test-4x's commonest answer is 10.  So each test-Kx has a twin, test-Kx-small, of
+the same lengths and answers of at most ``--small-answers`` (default 4), drawn until the answer is that small: a
+model that counts fails on neither, one that only learned the training's answers fails on test-Kx alone.  Every split
+is drawn from its own seed (``--seed`` + a split's index: the splits before the -small ones are the same without
+them).
 
-``fairseq-pe-counting data --out DIR``: ``DIR/{train,valid,test-1x,test-2x,test-4x}.txt`` and ``stats.json``
+``fairseq-pe-counting data --out DIR``: ``DIR/{train,valid,test-1x,test-2x,test-4x}.txt``, the
+``test-{1,2,4}x-small.txt`` and ``stats.json``
 (samples, statements and tokens per split).  Binarise with ``fairseq-preprocess --only-source``, train with
 ``--task language_modeling --sample-break-mode eos --criterion answer_cross_entropy`` (the loss on the answer
 only, the reference's ``--train-on answer``: :mod:`fairseq_pe.criterions.answer_cross_entropy`).
@@ -113,18 +119,23 @@ def evaluate(line: str) -> int:
     return values[words[i + 1]]
 
 
-def split_ranges(max_steps: int, factors: Sequence[int]) -> Dict[str, Tuple[int, int]]:
-    """The statements' range of each split: train, valid and test-1x in [3, S]; test-Kx (K > 1) in (S·K/2, S·K]."""
+def split_ranges(max_steps: int, factors: Sequence[int], small_answers: Optional[int] = None
+                 ) -> Dict[str, Tuple[int, int]]:
+    """The statements' range of each split: train, valid and test-1x in [3, S]; test-Kx (K > 1) in (S·K/2, S·K];
+    with ``small_answers``, test-Kx-small in the same ranges after them (their answers at most that value)."""
     ranges = {"train": (MIN_STEPS, max_steps), "valid": (MIN_STEPS, max_steps)}
     for k in factors:
         ranges[f"test-{k}x"] = (MIN_STEPS, max_steps) if k == 1 else (max_steps * k // 2 + 1, max_steps * k)
+    if small_answers is not None:
+        for k in factors:
+            ranges[f"test-{k}x-small"] = ranges[f"test-{k}x"]
     return ranges
 
 
 def write_data(args) -> dict:
     from fairseq_pe.outputs import atomic_open, check_new_files, write_json
 
-    ranges = split_ranges(args.max_steps, args.length_factors)
+    ranges = split_ranges(args.max_steps, args.length_factors, args.small_answers)
     sizes = {name: args.test for name in ranges}
     sizes.update(train=args.train, valid=args.valid)
     paths = [os.path.join(args.out, f"{name}.txt") for name in ranges] + [os.path.join(args.out, "stats.json")]
@@ -134,10 +145,13 @@ def write_data(args) -> dict:
              "weights": WEIGHTS, "splits": {}}
     for index, (name, (low, high)) in enumerate(ranges.items()):
         rng = random.Random(args.seed * 1000 + index)
+        cap = args.small_answers if name.endswith("-small") else MAX_VALUE
         tokens, answers = [], []
         with atomic_open(os.path.join(args.out, f"{name}.txt")) as f:
             for _ in range(sizes[name]):
-                text, answer, value = program(rng, args.nvars, rng.randint(low, high))
+                value = cap + 1
+                while value > cap:  # the -small tests: programs drawn until the answer is small enough
+                    text, answer, value = program(rng, args.nvars, rng.randint(low, high))
                 line = f"{text} {answer}"
                 f.write(line + "\n")
                 tokens.append(len(line.split()) + 1)  # </s>
@@ -319,6 +333,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     d.add_argument("--train", type=int, default=10000, help="training programs (the reference's 10000)")
     d.add_argument("--valid", type=int, default=1000, help="(the reference's 1000)")
     d.add_argument("--test", type=int, default=1000, help="programs of each test split (the reference's 1000)")
+    d.add_argument("--small-answers", type=int, default=4, metavar="N",
+                   help="also test-Kx-small per K: programs of the same lengths whose answer is at most N (default 4: "
+                        "the values of 89%% of the training answers), so that a longer program does not also mean "
+                        "larger counts than training taught; a negative N leaves them out")
     d.add_argument("--seed", type=int, default=1)
     d.add_argument("--force", action="store_true", help="replace the files of an earlier run in --out")
     s = sub.add_parser("score", help="the answer accuracy of checkpoints on binarised splits")
@@ -341,6 +359,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             p.error("--length-factors: distinct positive integers")
         if min(args.train, args.valid, args.test) < 1:
             p.error("--train, --valid and --test must be positive")
+        if args.small_answers < 0:
+            args.small_answers = None
+        elif args.small_answers >= MAX_VALUE:
+            p.error(f"--small-answers must be below {MAX_VALUE}, the largest value (or negative: no small tests)")
     return args
 
 

@@ -8,8 +8,9 @@
 # 1. Data: fairseq-pe-counting data (NVARS variables, default 3 as the reference; TRAIN programs, default 10000 as
 #    the reference, of 3..MAX_STEPS statements, default 64, the reference's 512 scaled to the CPU; 1000 valid; 1000
 #    test programs in each of test-1x [3, MAX_STEPS], test-2x (MAX_STEPS, 2·MAX_STEPS], test-4x (2·MAX_STEPS,
-#    4·MAX_STEPS]), binarised by fairseq-preprocess --only-source (a word-level dictionary): WORKDIR/raw, WORKDIR/data
-#    (the test splits are fairseq's test, test1, test2).
+#    4·MAX_STEPS], and their twins test-Kx-small of the same lengths whose answers are at most 4, as 89% of the training
+#    answers), binarised by fairseq-preprocess --only-source (a word-level dictionary): WORKDIR/raw, WORKDIR/data (the
+#    test splits are fairseq's test, test1, test2, the -small ones test3, test4, test5).
 # 2. Training: one $ARCH (default transformer_lm_pe_tiny: 2 layers, 64 dims, 4 heads) per system of $SYSTEMS and seed
 #    of $SEEDS, fairseq's language_modeling task, one program per sample (--sample-break-mode eos), the loss on the
 #    answer only (--criterion answer_cross_entropy: the reference's --train-on answer), MAX_UPDATE updates (default
@@ -63,13 +64,15 @@ else
   run "$WORK/logs/data.log" fairseq-pe-counting data --out "$WORK/raw" --nvars "$NVARS" --max-steps "$MAX_STEPS" \
     --train "$TRAIN" --length-factors 1 2 4 --seed 1 --force
 fi
+TESTS=("$WORK"/raw/test-{1x,2x,4x,1x-small,2x-small,4x-small}.txt)
 if [[ -f $WORK/data/preprocess.done ]]; then
   log "reusing the binarised data in $WORK/data"
 else
   [[ $DRY_RUN == 1 ]] || rm -rf "$WORK/data"
   run "$WORK/logs/preprocess.log" fairseq-preprocess --only-source --trainpref "$WORK/raw/train.txt" \
     --validpref "$WORK/raw/valid.txt" \
-    --testpref "$WORK/raw/test-1x.txt,$WORK/raw/test-2x.txt,$WORK/raw/test-4x.txt" --destdir "$WORK/data" --workers 1
+    --testpref "$(IFS=,; echo "${TESTS[*]}")" \
+    --destdir "$WORK/data" --workers 1
   [[ $DRY_RUN == 1 ]] || touch "$WORK/data/preprocess.done"
 fi
 # every program fits the models' positions: the longest of any split, </s> included
@@ -86,5 +89,6 @@ train_systems "$MAX_UPDATE updates" --tokens-per-sample "$TOKENS_PER_SAMPLE" --s
 # ---- 3. scoring (skipped while its checkpoints are the same)
 OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS once_per_checkpoints scored "$WORK/score" counting.json \
   "$WORK/logs/score.log" fairseq-pe-counting score --data "$WORK/data" --checkpoint "${CHECKPOINTS[@]}" \
-  --subsets 1x=test 2x=test1 4x=test2 --validate-args=--cpu --out "$WORK/score" --force
+  --subsets 1x=test 2x=test1 4x=test2 1x-small=test3 2x-small=test4 4x-small=test5 --validate-args=--cpu \
+  --out "$WORK/score" --force
 [[ $DRY_RUN == 1 ]] || { cat "$WORK/score/counting.md"; log "wrote $WORK/score/counting.{md,json,png}"; }
