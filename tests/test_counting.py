@@ -57,6 +57,12 @@ def test_split_lengths_are_disjoint_past_the_training_range():
         "test-1x-small", "test-2x-small", "test-4x-small"]
 
 
+def test_the_plot_puts_each_group_of_tests_in_its_panel():
+    assert counting.plot_panels(["1x", "2x", "4x", "1x-small", "2x-small", "4x-small"]) == {
+        "all answers": ["1x", "2x", "4x"], "small": ["1x-small", "2x-small", "4x-small"]}
+    assert counting.plot_panels(["short", "long"]) == {"all answers": ["short", "long"]}
+
+
 def test_data_refuses_to_overwrite(tmp_path, capsys):
     argv = ["data", "--out", str(tmp_path), "--train", "20", "--valid", "5", "--test", "5", "--max-steps", "8"]
     counting.main(argv)

@@ -251,29 +251,43 @@ def markdown(report: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def plot_panels(labels: Sequence[str]) -> Dict[str, List[str]]:
+    """The plot's panels: the labels grouped by what follows their first "-" (``2x-small``: panel "small", tick
+    ``2x``), the labels without one in the first panel, "all answers"."""
+    panels: Dict[str, List[str]] = {}
+    for label in labels:
+        _, _, group = label.partition("-")
+        panels.setdefault(group or "all answers", []).append(label)
+    return panels
+
+
 def plot(report: dict, path: str) -> None:
+    """Accuracy against the test programs' length, one line per system, a panel per group of subsets."""
     from fairseq_pe.outputs import savefig
     from fairseq_pe.plotting import pyplot, system_styles
     import logging
 
     plt = pyplot()
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    labels = list(report["subsets"])
+    panels = plot_panels(list(report["subsets"]))
     styles = system_styles(list(report["results"]))
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    xs = list(range(len(labels)))
-    for system, cells in report["results"].items():
-        ys = [cells[label]["accuracy"] for label in labels]
-        sds = [cells[label]["accuracy_sd"] or 0.0 for label in labels]
-        ax.errorbar(xs, ys, yerr=sds if any(sds) else None, label=system, capsize=2, markersize=5, **styles[system])
-    ax.set_xticks(xs)
-    ax.set_xticklabels(labels)
-    ax.set_xlabel("test programs (statements, as multiples of the longest training program)")
-    ax.set_ylabel("answer accuracy (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title("CoPE's counting task")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels) + 1.6, 4.2), squeeze=False, sharey=True)
+    for ax, (group, labels) in zip(axes[0], panels.items()):
+        xs = list(range(len(labels)))
+        for system, cells in report["results"].items():
+            ys = [cells[label]["accuracy"] for label in labels]
+            sds = [cells[label]["accuracy_sd"] or 0.0 for label in labels]
+            ax.errorbar(xs, ys, yerr=sds if any(sds) else None, label=system, capsize=2, markersize=5,
+                        **styles[system])
+        ax.set_xticks(xs)
+        ax.set_xticklabels([label.partition("-")[0] for label in labels])
+        ax.set_xlabel("test programs")
+        ax.set_title(group if group == "all answers" else f"answers: {group}")
+        ax.set_ylim(0, 100)
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("answer accuracy (%)")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle("CoPE's counting task")
     fig.tight_layout()
     savefig(fig, path, dpi=120, bbox_inches="tight")
     plt.close(fig)
