@@ -133,6 +133,38 @@ def test_the_loss_and_accuracy_are_the_answers_only():
     assert leaf.grad[0, :2].abs().sum() == 0 and leaf.grad[0, 2].abs().sum() > 0  # the context has no loss
 
 
+
+@pytest.mark.parametrize("name", ["cope", "rope", "fox"])
+def test_the_answer_loss_trains_in_half_precision_through_fairseqs_optimizers(name, tmp_path, cpu_fp16_optimizer):
+    """One update of fairseq's trainer with ``--criterion answer_cross_entropy`` in each precision (its FP16Optimizer,
+    bf16 form, MemoryEfficientFP16Optimizer): no update skipped, every sample's answer counted, and the loss and the
+    gradients are float32's within the language models' tolerances (tests/test_lm.py)."""
+    from test_lm import TRAINER_TOLERANCE, lm_sample, lm_trainers
+
+    from helpers import ALL_ENCODINGS, dictionary, optimizer_gradients
+
+    dictionary(40).save(str(tmp_path / "dict.txt"))
+    precisions = ["fp32", "fp16", "bf16", "memory-efficient-fp16"]
+    trainers = lm_trainers(tmp_path, [*ALL_ENCODINGS[name], "--criterion", "answer_cross_entropy"], precisions)
+    d = trainers["fp32"].task.source_dictionary
+    sample = lm_sample(d)
+    sample["target"][:, -1] = d.eos()  # each line ends "... ANSWER </s>": the answer is the token before </s>
+    results = {}
+    for precision, trainer in trainers.items():
+        log = trainer.train_step([sample])
+        assert log is not None and trainer.get_num_updates() == 1, f"{precision}: the update was skipped"
+        assert log["answers"] == len(sample["target"]), precision
+        params = [p for _, p in sorted(trainer.model.named_parameters()) if p.requires_grad]
+        grads = torch.cat([g.flatten() for g in optimizer_gradients(trainer.optimizer, params) if g is not None])
+        results[precision] = (log["loss"], grads)
+    loss, grads = results["fp32"]
+    assert grads.norm() > 0
+    for precision in precisions[1:]:
+        half_loss, half_grads = results[precision]
+        assert half_loss == pytest.approx(loss, rel=2e-2), precision
+        deviation = float((half_grads - grads).norm() / grads.norm())
+        assert deviation <= TRAINER_TOLERANCE[precision], (precision, deviation)
+
 VALIDATE = ("2026-01-01 | INFO | valid | valid on 'test' subset | loss 0.402 | answers 1000 | answers_correct 891 | "
             "accuracy 89.1 | wps 0 | wpb 44141 | bsz 1000\n"
             "2026-01-01 | INFO | valid | valid on 'test1' subset | loss 2.072 | answers 1000 | answers_correct 510 | "
