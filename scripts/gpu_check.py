@@ -67,9 +67,9 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -871,12 +871,6 @@ def training_systems(ctx):
 # ---- ddp --------------------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def ddp_setting(ctx):
     """(precision, flags, what): two processes over NCCL with two GPUs or more, over gloo on one GPU or the CPU."""
     if not ctx.cuda:
@@ -893,8 +887,10 @@ def check_ddp(ctx, system):
     precision, flags, what = ddp_setting(ctx)
     out, problems = {"setting": what}, []
     for backend in ("c10d", "legacy_ddp"):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-               str(free_port()), console_script("fairseq-train"),
+        # --standalone: torchrun's store binds a free port itself (a port picked here and bound later can be taken
+        # in between by another run's connections)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               console_script("fairseq-train"),
                *training_argv(args, ctx.data, system, precision, os.path.join(ctx.work, "ddp", system, backend)),
                "--distributed-world-size", "2", *flags, "--ddp-backend", backend]
         returncode, text = run_group(cmd, dict(os.environ, OMP_NUM_THREADS="1"))
@@ -941,9 +937,20 @@ def run_group(cmd, env):
     return proc.returncode, text
 
 
+#: a raised exception's last line in a traceback (``ValueError: ...``, ``torch.distributed.DistNetworkError: ...``)
+EXCEPTION_LINE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b:")
+
+
 def last_error_line(text):
-    lines = [line for line in text.splitlines() if "Error" in line or "error" in line]
-    return (lines[-1] if lines else text.strip().splitlines()[-1] if text.strip() else "")[:200]
+    """The line that says why a run failed: the first exception a rank raised (torchrun prints its own summary,
+    ``ChildFailedError`` and ``error_file: <N/A>``, after the ranks' tracebacks), else the last line naming an
+    error, else the last line."""
+    lines = text.splitlines()
+    raised = [line.strip() for line in lines if EXCEPTION_LINE.match(line) and "ChildFailedError" not in line]
+    if raised:
+        return raised[0][:300]
+    named = [line for line in lines if ("Error" in line or "error" in line) and "error_file" not in line]
+    return (named[-1] if named else text.strip().splitlines()[-1] if text.strip() else "")[:300]
 
 
 def ddp_systems(ctx):

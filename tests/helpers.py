@@ -372,15 +372,6 @@ def largest_tensor_created(fn):
     return result, Largest.numel
 
 
-def free_port() -> int:
-    """A TCP port free on this machine now (for torchrun's rendezvous: tests may run side by side)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 #: the tests' smaller sizes, added to the catalogue's flags (--pe-relative-max-distance 16: the tests' sentences)
 TEST_SIZES = {name: ["--pe-relative-max-distance", "16"] for name in ("rpe-learned", "rpe-sinusoidal")}
 #: every encoding, by its name in the catalogue (fairseq_pe/systems.py, group "encodings"): its model flags

@@ -12,7 +12,7 @@ from fairseq import checkpoint_utils
 
 from fairseq_pe.translation.synthetic import write_corpus
 
-from helpers import PLUGIN, cli, free_port
+from helpers import PLUGIN, cli
 
 
 def test_torchrun_two_processes_gloo(tmp_path):
@@ -23,8 +23,7 @@ def test_torchrun_two_processes_gloo(tmp_path):
         "--validpref", f"{raw}/valid", "--destdir", data, "--joined-dictionary", "--workers", "1")
     train = shutil.which("fairseq-train") or os.path.join(os.path.dirname(sys.executable), "fairseq-train")
     save = str(tmp_path / "ckpt")
-    run = cli(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-              train, data,
+    run = cli(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", train, data,
               "--user-dir", PLUGIN, "--arch", "transformer_pe_tiny", "--pe-absolute", "floater", "--pe-all-blocks",
               "--pe-floater-bias", "--share-all-embeddings", "--optimizer", "adam", "--lr", "0.003",
               "--max-tokens", "600", "--max-update", "6", "--cpu", "--distributed-backend", "gloo",

@@ -273,3 +273,27 @@ def test_the_session_without_fairseq_names_the_wheelhouse_to_build(tmp_path):
     proc = subprocess.run(["bash", SESSION, str(tmp_path / "out2"), "--no-install"], capture_output=True, text=True,
                           env=env)
     assert proc.returncode == 1 and "--no-install, and fairseq_pe does not import" in proc.stderr
+
+
+def test_a_failed_ddp_run_names_the_ranks_exception_not_torchruns_summary():
+    """torchrun prints its own summary (``ChildFailedError``, ``error_file: <N/A>``) after the ranks' tracebacks: the
+    check's failure names the first exception a rank raised (one CPU rehearsal said only ``error_file: <N/A>``)."""
+    gpu_check = load()
+    text = "\n".join([
+        "2026-11-28 15:57:00 | INFO | fairseq.distributed.utils | distributed init (rank 0): env://",
+        "[rank1]: Traceback (most recent call last):",
+        '[rank1]:   File "fairseq/distributed/utils.py", line 258, in distributed_init',
+        "[rank1]: torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+        "address. port: 41234, useIPv6: 0, code: -98, name: EADDRINUSE, message: address already in use",
+        "Traceback (most recent call last):",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "Root Cause (first observed failure):",
+        "  exitcode  : 1 (pid: 123)",
+        "  error_file: <N/A>",
+        "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+    ])
+    line = gpu_check.last_error_line(text)
+    assert line.startswith("[rank1]: torch.distributed.DistNetworkError: The server socket") and "EADDRINUSE" in line
+    assert gpu_check.last_error_line("ValueError: --pe-x 3: bad\nmore") == "ValueError: --pe-x 3: bad"
+    assert gpu_check.last_error_line("a runtime error happened\nerror_file: <N/A>") == "a runtime error happened"
+    assert gpu_check.last_error_line("killed") == "killed"

@@ -284,13 +284,10 @@ def test_two_processes_reduce_float32_position_gradients_in_float32_under_bf16(l
 
     from fairseq import checkpoint_utils
 
-    from helpers import free_port
-
     def train(backend):
         save = tmp_path / backend
         train_script = shutil.which("fairseq-train") or os.path.join(os.path.dirname(sys.executable), "fairseq-train")
-        run = cli(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                  str(free_port()), train_script, lm_data / "bin", "--user-dir", PLUGIN, "--task", "language_modeling",
+        run = cli(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", train_script, lm_data / "bin", "--user-dir", PLUGIN, "--task", "language_modeling",
                   "--arch", "transformer_lm_pe_tiny", *SMALL, "--tokens-per-sample", str(TRAIN_LENGTH),
                   *systems.get("kerple-log").flags, "--bf16", "--ddp-backend", backend, "--optimizer", "adam",
                   "--lr", "0.003", "--max-tokens", "128", "--max-update", "3", "--cpu", "--distributed-backend",

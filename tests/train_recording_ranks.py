@@ -3,7 +3,7 @@ update, the relative encodings' parameters ``…relative.<name>`` of the names g
 whether each is the object fairseq's DDP wrapper reduces (torch's ``DistributedDataParallel._module_parameters``)
 and the object its optimizer updates.  Usage (the record of rank R goes to ``PREFIX.rank<R>.pt``)::
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/train_recording_ranks.py PREFIX r1,r2 DATA FLAGS...
+    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/train_recording_ranks.py PREFIX r1,r2 DATA FLAGS...
 
 The record (a list, one entry per update): ``{"values": {name: tensor}, "ddp": bool, "optimizer": bool}``.
 """
