@@ -6,6 +6,7 @@ import json
 import os
 import random
 import shlex
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -225,6 +226,19 @@ def test_counting_tool_end_to_end(tmp_path):
     again = cli("fairseq-pe-counting", "score", "--data", data, "--checkpoint", f"cope={cope[0]}", "--subsets",
                 "1x=test", "--out", out, check=False)  # the earlier result is kept
     assert again.returncode == 2 and "--force" in again.stderr
+    # two processes (gloo): the answer counts of both ranks are summed, every update (each line has one answer)
+    train = shutil.which("fairseq-train") or os.path.join(os.path.dirname(sys.executable), "fairseq-train")
+    two = cli(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", train, data,
+              "--user-dir", PLUGIN, "--task", "language_modeling", "--tokens-per-sample", "128", "--sample-break-mode",
+              "eos", "--criterion", "answer_cross_entropy", "--arch", "transformer_lm_pe_tiny", *catalogue.flags("cope"),
+              "--optimizer", "adam", "--lr", "0.002", "--max-tokens", "256", "--max-update", "3", "--cpu",
+              "--distributed-backend", "gloo", "--num-workers", "0", "--no-save", "--disable-validation",
+              "--log-format", "json", "--log-interval", "1", "--save-dir", tmp_path / "ddp")
+    log = two.stdout + two.stderr
+    updates = [json.loads(line.split("| train_inner | ", 1)[1]) for line in log.splitlines() if "| train_inner |" in line]
+    assert "distributed init (rank 1)" in log and len(updates) == 3, log[-3000:]
+    for update in updates:
+        assert float(update["answers"]) == float(update["bsz"]) > 0 and 0 <= float(update["accuracy"]) <= 100
 
 
 def test_recipe_commands_and_bad_systems(tmp_path):
