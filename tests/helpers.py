@@ -372,6 +372,15 @@ def largest_tensor_created(fn):
     return result, Largest.numel
 
 
+def torchrun(program: str, processes: int = 2) -> list:
+    """The command that runs ``program`` (a console script's name, or a script's path) in ``processes`` processes
+    through torchrun: ``--standalone``, whose rendezvous store binds a free port itself (a port picked first and
+    bound later can be taken in between by the connections of tests running side by side)."""
+    if os.sep not in program:
+        program = shutil.which(program) or os.path.join(os.path.dirname(sys.executable), program)
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes), program]
+
+
 #: the tests' smaller sizes, added to the catalogue's flags (--pe-relative-max-distance 16: the tests' sentences)
 TEST_SIZES = {name: ["--pe-relative-max-distance", "16"] for name in ("rpe-learned", "rpe-sinusoidal")}
 #: every encoding, by its name in the catalogue (fairseq_pe/systems.py, group "encodings"): its model flags

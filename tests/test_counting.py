@@ -6,7 +6,6 @@ import json
 import os
 import random
 import shlex
-import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -20,7 +19,7 @@ from fairseq_pe import systems as catalogue
 from fairseq_pe.criterions.answer_cross_entropy import AnswerCrossEntropyCriterion, answer_positions
 from fairseq_pe.lm import counting
 
-from helpers import PLUGIN, REPO, cli, forked
+from helpers import ALL_ENCODINGS, PLUGIN, REPO, cli, dictionary, forked, optimizer_gradients, torchrun
 
 RECIPE = os.path.join(REPO, "scripts", "recipes", "lm-cpu-counting.sh")
 
@@ -134,15 +133,12 @@ def test_the_loss_and_accuracy_are_the_answers_only():
     assert leaf.grad[0, :2].abs().sum() == 0 and leaf.grad[0, 2].abs().sum() > 0  # the context has no loss
 
 
-
 @pytest.mark.parametrize("name", ["cope", "rope", "fox"])
 def test_the_answer_loss_trains_in_half_precision_through_fairseqs_optimizers(name, tmp_path, cpu_fp16_optimizer):
     """One update of fairseq's trainer with ``--criterion answer_cross_entropy`` in each precision (its FP16Optimizer,
     bf16 form, MemoryEfficientFP16Optimizer): no update skipped, every sample's answer counted, and the loss and the
     gradients are float32's within the language models' tolerances (tests/test_lm.py)."""
     from test_lm import TRAINER_TOLERANCE, lm_sample, lm_trainers
-
-    from helpers import ALL_ENCODINGS, dictionary, optimizer_gradients
 
     dictionary(40).save(str(tmp_path / "dict.txt"))
     precisions = ["fp32", "fp16", "bf16", "memory-efficient-fp16"]
@@ -166,6 +162,7 @@ def test_the_answer_loss_trains_in_half_precision_through_fairseqs_optimizers(na
         deviation = float((half_grads - grads).norm() / grads.norm())
         assert deviation <= TRAINER_TOLERANCE[precision], (precision, deviation)
 
+
 VALIDATE = ("2026-01-01 | INFO | valid | valid on 'test' subset | loss 0.402 | answers 1000 | answers_correct 891 | "
             "accuracy 89.1 | wps 0 | wpb 44141 | bsz 1000\n"
             "2026-01-01 | INFO | valid | valid on 'test1' subset | loss 2.072 | answers 1000 | answers_correct 510 | "
@@ -180,13 +177,12 @@ def test_validate_output_is_read_strictly():
         counting.parse_validate("valid on 'test' subset | loss 3.2 | ppl 9.1 | wps 0\n")
 
 
-def _train(data, save_dir, seed, *flags):
-    cli("fairseq-train", data, "--user-dir", PLUGIN, "--task", "language_modeling", "--tokens-per-sample", "128",
+def _train(data, save_dir, seed, *flags, command=("fairseq-train",)):
+    return cli(*command, data, "--user-dir", PLUGIN, "--task", "language_modeling", "--tokens-per-sample", "128",
         "--sample-break-mode", "eos", "--criterion", "answer_cross_entropy", "--arch", "transformer_lm_pe_tiny",
         *flags, "--optimizer", "adam", "--lr", "0.002", "--max-tokens", "512", "--max-update", "4", "--seed",
         str(seed), "--cpu", "--num-workers", "0", "--save-dir", save_dir, "--no-epoch-checkpoints",
         "--disable-validation")
-    return os.path.join(save_dir, "checkpoint_last.pt")
 
 
 def test_counting_tool_end_to_end(tmp_path):
@@ -200,7 +196,9 @@ def test_counting_tool_end_to_end(tmp_path):
     with forked():
         cli("fairseq-preprocess", "--only-source", "--trainpref", raw / "train.txt", "--validpref", raw / "valid.txt",
             "--testpref", f"{raw / 'test-1x.txt'},{raw / 'test-2x.txt'}", "--destdir", data, "--workers", "1")
-        cope = [_train(data, tmp_path / f"cope-{s}", s, *catalogue.flags("cope")) for s in (1, 2)]
+        for s in (1, 2):
+            _train(data, tmp_path / f"cope-{s}", s, *catalogue.flags("cope"))
+        cope = [os.path.join(tmp_path / f"cope-{s}", "checkpoint_last.pt") for s in (1, 2)]
         whole = os.path.join(tmp_path / "whole", "checkpoint_last.pt")
         cli("fairseq-train", data, "--user-dir", PLUGIN, "--task", "language_modeling", "--tokens-per-sample", "128",
             "--sample-break-mode", "eos", "--arch", "transformer_lm_pe_tiny", "--optimizer", "adam", "--lr", "0.002",
@@ -227,16 +225,12 @@ def test_counting_tool_end_to_end(tmp_path):
                 "1x=test", "--out", out, check=False)  # the earlier result is kept
     assert again.returncode == 2 and "--force" in again.stderr
     # two processes (gloo): the answer counts of both ranks are summed, every update (each line has one answer)
-    train = shutil.which("fairseq-train") or os.path.join(os.path.dirname(sys.executable), "fairseq-train")
-    two = cli(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", train, data,
-              "--user-dir", PLUGIN, "--task", "language_modeling", "--tokens-per-sample", "128", "--sample-break-mode",
-              "eos", "--criterion", "answer_cross_entropy", "--arch", "transformer_lm_pe_tiny", *catalogue.flags("cope"),
-              "--optimizer", "adam", "--lr", "0.002", "--max-tokens", "256", "--max-update", "3", "--cpu",
-              "--distributed-backend", "gloo", "--num-workers", "0", "--no-save", "--disable-validation",
-              "--log-format", "json", "--log-interval", "1", "--save-dir", tmp_path / "ddp")
+    two = _train(data, tmp_path / "ddp", 1, *catalogue.flags("cope"), "--distributed-backend", "gloo", "--log-format",
+                 "json", "--log-interval", "1", command=torchrun("fairseq-train"))
     log = two.stdout + two.stderr
-    updates = [json.loads(line.split("| train_inner | ", 1)[1]) for line in log.splitlines() if "| train_inner |" in line]
-    assert "distributed init (rank 1)" in log and len(updates) == 3, log[-3000:]
+    updates = [json.loads(line.split("| train_inner | ", 1)[1]) for line in log.splitlines()
+               if "| train_inner |" in line]
+    assert "distributed init (rank 1)" in log and len(updates) == 4, log[-3000:]
     for update in updates:
         assert float(update["answers"]) == float(update["bsz"]) > 0 and 0 <= float(update["accuracy"]) <= 100
 

@@ -14,8 +14,6 @@ would, whatever fairseq's DDP options (issue 30, 5 and 6).
 
 import os
 import re
-import shutil
-import sys
 
 import pytest
 import torch
@@ -23,7 +21,7 @@ from fairseq import checkpoint_utils
 
 from fairseq_pe.errors import UserError
 
-from helpers import PLUGIN, cli, synthetic_data_bin, training_config
+from helpers import PLUGIN, cli, synthetic_data_bin, torchrun, training_config
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +32,7 @@ def data(tmp_path_factory):
 
 def train_two_processes(data, save, *flags, updates=5):
     """Losses of every update (rank 0's log) of a 2-process gloo training, and its last checkpoint."""
-    train = shutil.which("fairseq-train") or os.path.join(os.path.dirname(sys.executable), "fairseq-train")
-    run = cli(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", train, data, "--user-dir", PLUGIN, "--arch", "transformer_pe_tiny",
+    run = cli(*torchrun("fairseq-train"), data, "--user-dir", PLUGIN, "--arch", "transformer_pe_tiny",
               "--share-all-embeddings", "--optimizer", "adam", "--lr", "0.003", "--max-tokens", "300",
               "--max-update", str(updates), "--cpu", "--distributed-backend", "gloo", "--num-workers", "0", "--seed", "1",
               "--dropout", "0", "--no-epoch-checkpoints", "--no-save-optimizer-state", "--log-format", "simple",

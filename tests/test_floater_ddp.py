@@ -3,8 +3,6 @@
 model in two processes (DDP, without --find-unused-parameters)."""
 
 import os
-import shutil
-import sys
 
 import torch
 
@@ -12,7 +10,7 @@ from fairseq import checkpoint_utils
 
 from fairseq_pe.translation.synthetic import write_corpus
 
-from helpers import PLUGIN, cli
+from helpers import PLUGIN, cli, torchrun
 
 
 def test_torchrun_two_processes_gloo(tmp_path):
@@ -21,9 +19,8 @@ def test_torchrun_two_processes_gloo(tmp_path):
     data = str(tmp_path / "bin")
     cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", f"{raw}/train",
         "--validpref", f"{raw}/valid", "--destdir", data, "--joined-dictionary", "--workers", "1")
-    train = shutil.which("fairseq-train") or os.path.join(os.path.dirname(sys.executable), "fairseq-train")
     save = str(tmp_path / "ckpt")
-    run = cli(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", train, data,
+    run = cli(*torchrun("fairseq-train"), data,
               "--user-dir", PLUGIN, "--arch", "transformer_pe_tiny", "--pe-absolute", "floater", "--pe-all-blocks",
               "--pe-floater-bias", "--share-all-embeddings", "--optimizer", "adam", "--lr", "0.003",
               "--max-tokens", "600", "--max-update", "6", "--cpu", "--distributed-backend", "gloo",

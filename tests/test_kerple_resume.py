@@ -13,13 +13,12 @@ objects DDP reduces and the optimizer updates."""
 import os
 import re
 import shutil
-import sys
 
 import pytest
 import torch
 from fairseq import checkpoint_utils
 
-from helpers import PLUGIN, cli, synthetic_data_bin
+from helpers import PLUGIN, cli, synthetic_data_bin, torchrun
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_recording_ranks.py")
 KERPLE = ["--pe-absolute", "none", "--pe-relative", "kerple-log"]
@@ -32,7 +31,7 @@ def train(data, save, *flags, updates, check=True, two_processes_recording=None)
     ``two_processes_recording`` (an output prefix) in two processes through tests/train_recording_ranks.py."""
     command = ["fairseq-train"]
     if two_processes_recording is not None:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", WORKER, two_processes_recording, ",".join(NAMES)]
+        command = [*torchrun(WORKER), two_processes_recording, ",".join(NAMES)]
     run = cli(*command, data, "--user-dir", PLUGIN, "--arch", "transformer_pe_tiny", "--share-all-embeddings",
               "--optimizer", "adam", "--lr", "0.01", "--max-tokens", "300", "--max-update", str(updates), "--cpu",
               "--distributed-backend", "gloo", "--ddp-backend", "c10d", "--num-workers", "0", "--seed", "1",

@@ -18,7 +18,7 @@ from fairseq_pe import systems
 from fairseq_pe.models.transformer_lm_pe import TransformerPELanguageModel
 
 from helpers import (ALL_ENCODINGS, PLUGIN, PRECISION_FLAGS, assert_user_error, cli, dictionary, forked,
-                     optimizer_gradients, random_tokens)
+                     optimizer_gradients, random_tokens, torchrun)
 
 #: a 2-layer model of 16 dimensions and 2 heads, trained at 16 tokens
 SMALL = ["--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2"]
@@ -279,15 +279,11 @@ def test_interactive_and_the_hub_generate_from_a_trained_model(lm_data, tmp_path
 def test_two_processes_reduce_float32_position_gradients_in_float32_under_bf16(lm_data, tmp_path):
     """DDP as for translation (tests/test_ddp_half_precision.py): ``torchrun --nproc_per_node 2`` with gloo, --bf16,
     KERPLE's float32 parameters; fairseq's legacy_ddp (one flat buffer) ends where c10d (a bucket per dtype) ends."""
-    import shutil
-    import sys
-
     from fairseq import checkpoint_utils
 
     def train(backend):
         save = tmp_path / backend
-        train_script = shutil.which("fairseq-train") or os.path.join(os.path.dirname(sys.executable), "fairseq-train")
-        run = cli(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", train_script, lm_data / "bin", "--user-dir", PLUGIN, "--task", "language_modeling",
+        run = cli(*torchrun("fairseq-train"), lm_data / "bin", "--user-dir", PLUGIN, "--task", "language_modeling",
                   "--arch", "transformer_lm_pe_tiny", *SMALL, "--tokens-per-sample", str(TRAIN_LENGTH),
                   *systems.get("kerple-log").flags, "--bf16", "--ddp-backend", backend, "--optimizer", "adam",
                   "--lr", "0.003", "--max-tokens", "128", "--max-update", "3", "--cpu", "--distributed-backend",
