@@ -162,7 +162,9 @@ SYSTEMS: Dict[str, System] = {s.name: s for s in [
     # DAPE (Zheng et al. 2024) on the biases of its paper: v1's MLP, v2's convolutions along the keys
     _system("alibi-dape", f"{_NONE} --pe-relative alibi --pe-dape v1", "Zheng et al. 2024 (DAPE)"),
     _system("kerple-log-dape", f"{_NONE} --pe-relative kerple-log --pe-dape v1", "Zheng et al. 2024 (DAPE)"),
-    _system("fire-dape", f"{_NONE} --pe-relative fire --pe-dape v1", "Zheng et al. 2024 (DAPE)"),
+    # DAPE's own FIRE (its reference's FIRE_DAPE / FIRE_C and released config): LeakyReLU in FIRE's MLP, L₀ = 64
+    _system("fire-dape", f"{_NONE} --pe-relative fire --pe-fire-activation leaky-relu --pe-fire-threshold 64 "
+                         "--pe-dape v1", "Zheng et al. 2024 (DAPE)"),
     _system("alibi-dape2", f"{_NONE} --pe-relative alibi --pe-dape v2", "Zheng et al. 2024 (DAPE v2)"),
     _system("kerple-log-dape2", f"{_NONE} --pe-relative kerple-log --pe-dape v2", "Zheng et al. 2024 (DAPE v2)"),
 ]}

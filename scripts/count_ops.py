@@ -58,7 +58,7 @@ SIZE = ["--encoder-layers", "6", "--decoder-layers", "6", "--encoder-embed-dim",
 #: the reference of the operator count per decoding step, and the largest ratio to it
 REFERENCE, OPS_RATIO = "ape-sinusoidal", 1.15
 #: the largest ratio of the OWN_LOGITS encodings (their syncs are held to stock's like every other's)
-OWN_LOGITS_RATIO = 1.5
+OWN_LOGITS_RATIO = 1.55  # the APE's own step fell from 482 to 440 operators (issue 54: SDPA, not fairseq's Python attention); these encodings' steps did not change (docs/speed.md)
 
 
 def ops_ratio(name):

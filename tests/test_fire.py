@@ -1,18 +1,24 @@
 """FIRE (issue 18): the bias against a hand computation of the paper's Eq. 3-4 (and of the encoder's signed form),
 decoding rows, positions rather than indices under left padding, per-layer networks, the flag's checks."""
 
+import argparse
 import math
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from fairseq.models import ARCH_CONFIG_REGISTRY
+
+from fairseq_pe import systems as catalogue
 from fairseq_pe.errors import UserError
+from fairseq_pe.models.options import upgrade_saved_options
+from fairseq_pe.models.transformer_pe import TransformerPEModel
 from fairseq_pe.positional import build_position_encoding
 from fairseq_pe.positional.fire import EPS, HIDDEN
 from fairseq_pe.positional.pass_state import RelativeRows
 
-from helpers import build_model, largest_tensor_created, random_tokens
+from helpers import build_model, dictionary, largest_tensor_created, random_tokens
 from passes import recorded_passes
 
 
@@ -22,18 +28,22 @@ def fire(heads=2, blocks=2, causal=False, **args):
                                    causal=causal, args=SimpleNamespace(**args))
 
 
-def by_hand(enc, i, j, head, index=0):
-    """f(sign(i − j)·ψ(|i − j|)/ψ(max(i, j, L))), ψ(x) = log(c·x + 1), f = W₂ ReLU(W₁ x + b₁) + b₂, in plain Python."""
+def by_hand(enc, i, j, head, index=0, slope=0.0):
+    """f(sign(i − j)·ψ(|i − j|)/ψ(max(i, j, L))), ψ(x) = log(c·x + 1), f = W₂ ReLU(W₁ x + b₁) + b₂, in plain Python
+    (``slope``: LeakyReLU's below 0)."""
     c, lam = abs(enc.c[index].item()), abs(enc.threshold_scale[index].item())
     psi = lambda x: math.log(c * x + 1)  # noqa: E731
     x = math.copysign(1, i - j) * psi(abs(i - j)) / (psi(max(i, j, lam * enc.threshold)) + EPS) if i != j else 0.0
     w1, b1, w2, b2 = (p[index].tolist() for p in (enc.w1, enc.b1, enc.w2, enc.b2))
-    return sum(max(0.0, x * w1[k] + b1[k]) * w2[k][head] for k in range(HIDDEN)) + b2[head]
+    act = lambda z: z if z > 0 else slope * z  # noqa: E731
+    return sum(act(x * w1[k] + b1[k]) * w2[k][head] for k in range(HIDDEN)) + b2[head]
 
 
+@pytest.mark.parametrize("activation, slope", [(None, 0.0), ("relu", 0.0), ("leaky-relu", 0.01)])
 @pytest.mark.parametrize("causal", [True, False])
-def test_bias_by_hand(causal):
-    enc = fire(causal=causal, pe_fire_threshold=2.0)
+def test_bias_by_hand(causal, activation, slope):
+    """ReLU units (the FIRE paper's, the default), or LeakyReLU of slope 0.01 (DAPE's FIRE)."""
+    enc = fire(causal=causal, pe_fire_threshold=2.0, pe_fire_activation=activation)
     with torch.no_grad():
         enc.c.fill_(0.7)
         enc.threshold_scale.fill_(-1.5)  # L = |λ|·L₀ = 3
@@ -41,7 +51,7 @@ def test_bias_by_hand(causal):
     assert bias.shape == (2, 6, 6)
     for i, j in ((5, 0), (5, 4), (2, 1), (1, 1), (4, 2)) + (() if causal else ((0, 5), (2, 4))):
         for h in range(2):
-            assert bias[h, i, j].item() == pytest.approx(by_hand(enc, i, j, h), abs=1e-5), (i, j, h)
+            assert bias[h, i, j].item() == pytest.approx(by_hand(enc, i, j, h, slope=slope), abs=1e-5), (i, j, h)
     # below the threshold the bias depends on i − j only; past it the normaliser grows with the position
     assert bias[0, 2, 1].item() == pytest.approx(bias[0, 1, 0].item(), abs=1e-6)
     assert bias[0, 5, 4].item() != pytest.approx(bias[0, 4, 3].item(), abs=1e-4)
@@ -94,14 +104,42 @@ def test_bad_threshold_and_other_family_are_refused():
         fire(pe_fire_threshold=0.0)
     with pytest.raises(UserError, match="--pe-fire-threshold applies to --pe-relative fire"):
         build_model("--pe-relative", "alibi", "--pe-fire-threshold", "8")
+    with pytest.raises(UserError, match="--pe-fire-activation must be one of relu, leaky-relu, got gelu"):
+        fire(pe_fire_activation="gelu")
+    with pytest.raises(UserError, match="--pe-fire-activation applies to --pe-relative fire"):
+        build_model("--pe-relative", "alibi", "--pe-fire-activation", "leaky-relu")
     with pytest.raises(UserError, match="--pe-relative-untie-heads"):
         build_model("--pe-relative", "fire", "--pe-relative-untie-heads")
 
 
-def test_the_piecewise_linear_evaluation_is_the_network():
+def test_a_fire_dape_checkpoint_saved_before_fire_had_an_activation_option_keeps_relu_and_its_threshold():
+    """The catalogue's fire-dape was ``--pe-relative fire --pe-dape v1`` (ReLU, L₀ = 512) before it followed the DAPE
+    reference (LeakyReLU, L₀ = 64): the options such a checkpoint saved have no pe_fire_activation; upgraded as the
+    loader upgrades them (upgrade_saved_options), then the architecture and the model, its FIRE keeps ReLU units and
+    the saved L₀."""
+    assert catalogue.flags("fire-dape")[-6:] == ["--pe-fire-activation", "leaky-relu", "--pe-fire-threshold", "64",
+                                                 "--pe-dape", "v1"]
+    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)  # as fairseq does
+    TransformerPEModel.add_args(parser)
+    saved = parser.parse_args(["--pe-absolute", "none", "--pe-relative", "fire", "--pe-dape", "v1"])
+    saved.pe_fire_threshold = 512.0  # what the architecture function saved then, and no pe_fire_activation
+    upgrade_saved_options(saved)
+    ARCH_CONFIG_REGISTRY["transformer_pe_tiny"](saved)
+    d = dictionary(20)
+    loaded = TransformerPEModel.build_model(saved, SimpleNamespace(source_dictionary=d, target_dictionary=d))
+    for side in (loaded.encoder, loaded.decoder):
+        fire_bias = side.embed_positions.relative.base
+        assert (fire_bias.negative_slope, fire_bias.threshold) == (0.0, 512.0)
+    today = build_model(*catalogue.flags("fire-dape"))[0].decoder.embed_positions.relative.base
+    assert (today.negative_slope, today.threshold) == (0.01, 64.0)
+
+
+@pytest.mark.parametrize("activation", ["relu", "leaky-relu"])
+def test_the_piecewise_linear_evaluation_is_the_network(activation):
     """f evaluated piece by piece (network_at) gives the network's values and gradients, at random inputs, at the
-    cuts between pieces and at the ends of [−1, 1], for the initial network and one with units that never switch."""
-    enc = fire(heads=3)
+    cuts between pieces and at the ends of [−1, 1], for the initial network and one with units that never switch;
+    ReLU units and LeakyReLU ones (piecewise linear too)."""
+    enc = fire(heads=3, pe_fire_activation=activation)
     x = torch.cat([torch.rand(500) * 2 - 1, torch.tensor([-1.0, 0.0, 1.0])])
     for variant in ("initial", "flat units"):
         if variant == "flat units":

@@ -29,10 +29,13 @@ def small_blocks(monkeypatch):
 
 
 def encoding(name, causal, heads=HEADS, seed=0):
+    """``name`` a registered relative encoding, or "fire:leaky-relu" (FIRE with --pe-fire-activation leaky-relu)."""
     torch.manual_seed(seed)
+    name, _, activation = name.partition(":")
     enc = build_position_encoding("relative", name, embed_dim=8 * heads, num_heads=heads, num_blocks=2,
                                   causal=causal, args=SimpleNamespace(pe_fire_threshold=3.0, pe_t5_max_distance=8,
-                                                                      pe_t5_num_buckets=8))
+                                                                      pe_t5_num_buckets=8,
+                                                                      pe_fire_activation=activation or None))
     with torch.no_grad():  # trained-looking parameters, not the initial ones (KERPLE's r₂ away from its bounds)
         for p in enc.parameters():
             p.add_(torch.randn_like(p) * 0.1)
@@ -52,7 +55,7 @@ def random_positions(batch, width, bound, seed=1):
 
 CASES = [(name, causal, None) for name in BIASED for causal in (False, True)] + [
     ("alibi", False, "random"), ("t5", True, "random"), ("t5", False, "random"), ("fire", False, "left-padded"),
-    ("fire", True, "random")]
+    ("fire", True, "random"), ("fire:leaky-relu", True, None), ("fire:leaky-relu", False, "left-padded")]
 
 
 @pytest.mark.parametrize("name,causal,positions", CASES, ids=lambda x: str(x))
@@ -210,7 +213,10 @@ def test_flex_supported_reasons(monkeypatch):
             assert flex_supported(encoding(name, causal=True), "cpu") is None, name
         assert flex_supported(None, "cpu") is None
         assert "dropout" in flex_supported(None, "cuda", dropout_p=0.1)
-    assert "backward on CPU" in flex_supported(encoding("alibi", causal=False), "cpu")  # grad enabled
+    # training is the module's mode, never the grad mode (a checkpointed forward runs without autograd)
+    assert "backward on CPU" in flex_supported(encoding("alibi", causal=False), "cpu", training=True)
+    assert flex_supported(encoding("alibi", causal=False), "cpu") is None  # grad enabled, evaluation
+    assert "float64" in flex_supported(encoding("alibi", causal=False), "cpu", dtype=torch.float64)
     assert flex_supported(encoding("t5", causal=False), "cuda") is None
     monkeypatch.setattr(flex, "flex_attention", None)
     assert "torch without flex_attention" in flex_supported(encoding("alibi", causal=False), "cuda")

@@ -30,11 +30,13 @@ def queries_keys(batch, length, seed=0):
             torch.randn(length, batch, E, generator=g))
 
 
-def left_padded_masking(length, causal):
-    """Two rows of ``length`` keys, the second left-padded by 2: the padding (2, length), True at padding, and the
-    attention's additive masking (2, 1, length, length), causal too in the decoder."""
+def left_padded_masking(length, causal, side="left"):
+    """Two rows of ``length`` keys, the second left-padded by 2 (``side`` "right": right-padded): the padding
+    (2, length), True at padding, and the attention's additive masking (2, 1, length, length), causal too in the
+    decoder."""
     padding = torch.zeros(2, length, dtype=torch.bool)
-    padding[1, :2] = True
+    padding[1, :2] = side == "left"
+    padding[1, -2:] = side == "right"
     masking = torch.zeros(2, 1, length, length).masked_fill(padding.view(2, 1, 1, length), float("-inf"))
     if causal:
         masking = masking.masked_fill(torch.ones(length, length, dtype=torch.bool).triu(1), float("-inf"))
@@ -135,7 +137,7 @@ def test_cope_starts_at_zero_and_its_table_follows_the_longest_sequence():
 def direct_dape(logits, bias, dape, block, causal, padding):
     """logits + B + f([logits; B]) written out (float64): v1 the MLP per (b, i, j); v2 per query row, the two 1×k
     convolutions tap by tap over the row's keys, hidden keys (future, padding) 0 in X, the hidden layer 0 at padding
-    keys before the query, and in the decoder the row continued by k//2 zero keys."""
+    keys (in the decoder those before the query), and in the decoder the row continued by k//2 zero keys."""
     w1, b1, w2, b2 = (t[block - 1].detach().double() for t in (dape.w1, dape.b1, dape.w2, dape.b2))
     batch, heads, length, _ = logits.shape
     x = torch.cat([logits, bias.expand(batch, heads, length, length)], 1).double()  # (B, 2H, T, S)
@@ -159,7 +161,7 @@ def direct_dape(logits, bias, dape, block, causal, padding):
                     m = j + tap - pad
                     if 0 <= m < width:
                         total += w1[:, :, 0, tap] @ row[:, m]
-                hidden[:, j] = 0.0 if (j < length and padding[n, j] and j < i) else act(total)
+                hidden[:, j] = 0.0 if (j < length and padding[n, j] and (j < i or not causal)) else act(total)
             for j in range(length):
                 total = b2.clone()
                 for tap in range(dape.kernel):
@@ -170,14 +172,15 @@ def direct_dape(logits, bias, dape, block, causal, padding):
     return expected + logits.double() + bias.double()
 
 
+@pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("version", ["v1", "v2"])
 @pytest.mark.parametrize("causal", [True, False], ids=["decoder", "encoder"])
-def test_dape_adds_its_network_of_the_logits_and_the_bias(causal, version):
+def test_dape_adds_its_network_of_the_logits_and_the_bias(causal, version, side):
     dape, _, _ = encoding("kerple-log", causal, "--pe-dape", version, *(["--pe-dape-kernel", "5"] if version == "v2"
                                                                         and not causal else []))
     block, length = 2, 7
     q, k, _ = queries_keys(2, length, seed=2)
-    padding, masking = left_padded_masking(length, causal)
+    padding, masking = left_padded_masking(length, causal, side)
     got = dape.attention_logits(q, k, 0, block, masking=masking)
     bias = dape.base.position_bias(length, length, 0, block).detach()
     expected = direct_dape(q @ k.transpose(-1, -2), bias, dape, block, causal, padding)
@@ -186,6 +189,35 @@ def test_dape_adds_its_network_of_the_logits_and_the_bias(causal, version):
     # a block of rows (the blockwise path; a decoding step is the last row) reads its own rows of the same logits
     rows = dape.attention_logits(q[:, :, 4:6], k, 4, block, masking=masking[..., 4:6, :])
     torch.testing.assert_close(rows[visible[:, :, 4:6]], got[:, :, 4:6][visible[:, :, 4:6]])
+
+
+@pytest.mark.parametrize("flags", [["--pe-relative", "alibi", "--pe-dape", "v1"],
+                                   ["--pe-relative", "kerple-log", "--pe-dape", "v2"],
+                                   ["--pe-relative", "fire", "--pe-dape", "v2", "--pe-dape-kernel", "5"]], ids=" ".join)
+def test_dape_outputs_at_real_tokens_are_those_of_the_sentence_alone_whichever_side_it_is_padded(flags):
+    """One sentence alone, left-padded and right-padded (as roberta_pe's and the language model's batches, and
+    fairseq's targets): its encoder outputs and decoder log-probs are the same at its tokens.  v2's first
+    convolution's outputs at padding keys after the query (the encoder's right padding) must not reach the second
+    convolution at the last real keys."""
+    model, d = build_model("--pe-absolute", "none", *flags)
+    n, extra = 6, 3
+    alone = random_tokens(d, 1, n, seed=4)
+    filler = torch.full((1, extra), d.pad())
+    padded = {"left": (torch.cat([filler, alone], 1), slice(extra, None)),
+              "right": (torch.cat([alone, filler], 1), slice(0, n))}
+    prev = random_tokens(d, 1, n, seed=5)
+    prev[:, 0] = d.eos()
+    prev_padded = {"left": torch.cat([filler, prev], 1), "right": torch.cat([prev, filler], 1)}
+    with torch.no_grad():
+        enc = model.encoder(alone, torch.tensor([n]))
+        expected_enc = enc["encoder_out"][0][:, 0]
+        expected_dec = model.get_normalized_probs(model.decoder(prev, encoder_out=enc), log_probs=True)[0]
+        for side, (tokens, real) in padded.items():
+            got = model.encoder(tokens, torch.tensor([n]))["encoder_out"][0][real, 0]
+            torch.testing.assert_close(got, expected_enc, rtol=1e-6, atol=1e-6, msg=lambda m: f"encoder, {side}: {m}")
+            out = model.decoder(prev_padded[side], encoder_out=enc)
+            got = model.get_normalized_probs(out, log_probs=True)[0, real]
+            torch.testing.assert_close(got, expected_dec, rtol=1e-6, atol=1e-6, msg=lambda m: f"decoder, {side}: {m}")
 
 
 def test_dape_is_refused_by_name_without_a_bias_and_its_options_without_it():

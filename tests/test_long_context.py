@@ -213,9 +213,20 @@ def test_which_path_each_kernel_takes(monkeypatch):
     q = torch.zeros(1)
 
     def path(attn, relative, kernel, length, training, cuda=False):
+        """The planner's backend ("sdpa" named "fused", as docs/speed.md's table does), in training mode or not,
+        the same with and without autograd: a checkpointed forward (no autograd) takes its recomputation's."""
         attn.kernel = kernel
-        with torch.set_grad_enabled(training), (cuda_branches() if cuda else contextlib.nullcontext()):
-            return attn.path_of(q, relative, training and relative.bias_requires_grad, 1, length, length)
+        attn.train(training)
+        try:
+            chosen = set()
+            for grad in (True, False):
+                with torch.set_grad_enabled(grad), (cuda_branches() if cuda else contextlib.nullcontext()):
+                    chosen.add(attn.plan(relative, 1, length, length, None, None, q.device))
+        finally:
+            attn.eval()
+        assert len(chosen) == 1, chosen
+        backend = chosen.pop()
+        return "fused" if backend == "sdpa" else backend
 
     short, long = 10, 40  # H·T·S = 400 and 6400 elements
     assert [path(layer, t5, "auto", n, False) for n in (short, long)] == ["fused", "blocks"]

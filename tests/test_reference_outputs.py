@@ -13,6 +13,7 @@ import os
 import pytest
 import torch
 
+from fairseq_pe import systems as catalogue
 from fairseq_pe.positional.fourier_rotary import FourierPositionEncoding
 from fairseq_pe.positional.injector import Source
 from fairseq_pe.positional.partial_rotary import PartialRotaryPositionEncoding
@@ -148,6 +149,29 @@ def test_dape_equals_the_dape_repository(relative, version):
         else:
             assert_close(out[:-1], case["output"][:-1])
             assert_close(out[-1], case["longer"][-1])
+
+
+def test_fire_dape_equals_the_dape_repositorys_fire_dape():
+    """chuanyang-Zheng/DAPE @ bde344a, ``DAPE.py`` ``FIRE_DAPE`` (LeakyReLU in FIRE's MLP) with L₀ = 64, its released
+    config's (``configs/125M/512/125M_fire_c.yml``), in the attention of ``megatron/model/transformer.py``: the
+    catalogue's ``fire-dape`` with the same FIRE and DAPE weights, c and λ gives the same output on every row."""
+    ref = fixture("dape")
+    case = ref["fire_v1"]
+    model, _ = build_model(*SMALL, *catalogue.flags("fire-dape"))
+    dape = model.decoder.embed_positions.relative
+    fire = dape.base
+    assert fire.threshold == case["L0"].item()
+    with torch.no_grad():
+        for name in ("w1", "b1", "w2", "b2"):
+            getattr(dape, name)[BLOCK - 1].copy_(case[name])
+        fire.w1.copy_(case["fire_w1"][:, 0])  # FIRE's network: one per side, shared by the layers
+        fire.b1.copy_(case["fire_b1"])
+        fire.w2.copy_(case["fire_w2"].t())
+        fire.b2.copy_(case["fire_b2"])
+        fire.c.fill_(case["c"].item())
+        fire.threshold_scale.fill_(case["L_multiplier"].item())
+    for out in self_attention(model.decoder, ref, ref["x"], causal=True):
+        assert_close(out, case["output"])
 
 
 @pytest.mark.parametrize("case", ["none_0_0", "ntk_4_0", "yarn_4_512", "yarn_8_16"])

@@ -20,11 +20,13 @@ from fairseq_pe.positional.sinusoid_scale import ROBERTA_DEFAULTS
 from fairseq_pe.positional.sinusoidal import transformer_frequencies
 
 #: BERT's learned APE (roberta_pe's default), the catalogue's group "roberta" (FIRE's threshold at 4: the test's
-#: sentences go past it), randomised positions with two encodings, FLOATER's biases on the learned APE
+#: sentences go past it), DAPE v2 (its convolutions along the keys reach right padding), randomised positions with
+#: two encodings, FLOATER's biases on the learned APE
 ENCODINGS = [
     [],
     *(catalogue.flags(name) + (["--pe-fire-threshold", "4"] if name == "fire" else [])
       for name in catalogue.GROUPS["roberta"]),
+    catalogue.flags("alibi-dape2"),
     ["--pe-absolute", "learned", "--pe-relative", "alibi", "--pe-random-positions", "64"],
     ["--pe-floater-bias"],
 ]

@@ -49,7 +49,7 @@ cumulative forget gates), which step-by-step decoding keeps in fairseq's ``incre
 
 import contextlib
 import logging
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -60,7 +60,7 @@ from fairseq import utils
 from fairseq.modules import MultiheadAttention
 
 from fairseq_pe.models import flex
-from fairseq_pe.positional.pass_state import BlockMaskKey, MaskKey, current_pass
+from fairseq_pe.positional.pass_state import BlockMaskKey, MaskKey, RelativeRows, current_pass
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,8 @@ def autocast_off(device: torch.device, off: bool = True):
 
 
 def saturated(bias: Tensor, masking: Optional[Tensor], dtype, shift: bool = True) -> Tensor:
-    """A float32 position bias made safe for ``dtype``'s logits (float32; the caller adds ``masking`` and casts).
+    """A position bias made safe for ``dtype``'s logits, in its own dtype (float32, float64 in a float64 model: the
+    caller adds ``masking`` and casts).
 
     A bias can exceed fp16's range (KERPLE-power's −r₁·|i−j|^r₂ passes −65504 at a few hundred tokens; ALiBi,
     FIRE or a trained T5 can too): cast as it is, it becomes −inf, a padding query whose real keys are all that far
@@ -143,7 +144,7 @@ def saturated(bias: Tensor, masking: Optional[Tensor], dtype, shift: bool = True
     the margin keeps q·k + bias finite.  The masks themselves stay −inf, as fairseq's: a query always has a visible
     key (its own, or the first one), so no row is all −inf.  Without ``shift`` (the logits themselves are asked
     for: ``before_softmax``) the bias is only clamped."""
-    limit = torch.finfo(dtype).max / 2
+    limit = min(torch.finfo(dtype).max, torch.finfo(bias.dtype).max) / 2
     if not shift:
         return bias.clamp(min=-limit)
     visible = bias if masking is None else bias + masking
@@ -157,18 +158,20 @@ def merged_mask(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
                 bsz: int, tgt_len: int, src_len: int, dtype, shift: bool = True) -> Optional[Tensor]:
     """One additive mask of ``dtype`` for the logits, broadcastable to (B, H, T, S): fairseq's ``attn_mask``
     (T, S), the padding (B, S, True at padding) and a position bias (H, T, S), or (B, H, T, S) for a bias per
-    row (:func:`saturated`), summed in float32.  Each keeps its own size ((1, 1, T, S), (B, 1, 1, S),
-    (1, H, T, S)); the sum has the batch dimension only with padding."""
+    row (:func:`saturated`), summed in float32 (float64 for a float64 ``dtype``: never below the logits' precision).
+    Each keeps its own size ((1, 1, T, S), (B, 1, 1, S), (1, H, T, S)); the sum has the batch dimension only with
+    padding."""
+    summed = torch.promote_types(torch.float32, dtype)
     masking = None
     if attn_mask is not None:
-        masking = attn_mask.float().view(1, 1, tgt_len, src_len)
+        masking = attn_mask.to(summed).view(1, 1, tgt_len, src_len)
     if key_padding_mask is not None:
-        padding = torch.zeros(bsz, 1, 1, src_len, device=key_padding_mask.device).masked_fill_(
+        padding = torch.zeros(bsz, 1, 1, src_len, device=key_padding_mask.device, dtype=summed).masked_fill_(
             key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), float("-inf"))
         masking = padding if masking is None else masking + padding
     mask = masking
     if bias is not None:
-        bias = bias.float()
+        bias = bias.to(summed)
         bias = bias.unsqueeze(0) if bias.dim() == 3 else bias  # (B, H, T, S): a bias per row (FIRE's offsets)
         bias = saturated(bias, masking, dtype, shift)
         mask = bias if masking is None else bias + masking
@@ -218,6 +221,48 @@ def safe_softmax(logits: Tensor) -> Tensor:
     return F.softmax(logits.masked_fill(rows, 0.0), dim=-1, dtype=torch.float32).masked_fill(rows, 0.0)
 
 
+class Call(NamedTuple):
+    """One attention call as the planner (:meth:`PositionAttention.plan`) normalised it: what every backend reads.
+
+    ``q`` (B, H, T, d) rotated, scaled by 1/√d for the explicit backends (``blockwise``, ``explicit``) and not for
+    SDPA's and FlexAttention's, which scale themselves; ``k``, ``v`` (B, H, S, d): every key, the cache's and this
+    call's; ``query_offset``: the first query row's index among the keys (step-by-step decoding); ``attn_mask``:
+    fairseq's (T, S) mask, or the stand-in of its future mask where ``causal``; ``key_padding_mask``: (B, S), True at
+    padding, of every key, None where nothing is padded; ``relative``: the side's relative encoding (None: none) and
+    ``rows`` what it reads of the pass (:class:`~fairseq_pe.positional.pass_state.RelativeRows`); ``key_state``: an
+    ``own_logits`` encoding's state of every key; ``out_dtype``: the output projection's dtype; ``float32``: the
+    encoding keeps q and k in float32, autocast must not lower them (:func:`autocast_off`)."""
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    query_offset: int
+    attn_mask: Optional[Tensor]
+    key_padding_mask: Optional[Tensor]
+    causal: bool
+    relative: object
+    rows: RelativeRows
+    key_state: object
+    out_dtype: torch.dtype
+    float32: bool
+
+    @property
+    def sizes(self):
+        """(B, H, T, S)."""
+        bsz, heads, tgt_len, _ = self.q.shape
+        return bsz, heads, tgt_len, self.k.size(2)
+
+
+#: the backends (:meth:`PositionAttention.plan`'s choices) whose kernel scales the queries itself (``blocks``: where
+#: it runs SDPA, not :func:`explicit_terms`)
+SCALING_BACKENDS = ("sdpa", "flex", "blocks")
+
+
+def explicit_terms(relative) -> bool:
+    """Whether ``relative`` (None: none) needs the logits written out: query terms (the Shaw family) or its own logits
+    (the logits hook: FoX, CoPE, DAPE, ReRoPE)."""
+    return relative is not None and (relative.query_terms or relative.own_logits)
+
+
 class PositionAttention(MultiheadAttention):
     """fairseq's attention on SDPA, with a relative encoding's hooks (module docstring)."""
 
@@ -233,9 +278,11 @@ class PositionAttention(MultiheadAttention):
         #: way (:class:`~fairseq_pe.positional.pass_state.PositionPass`), as block :attr:`block`
         self.uses_relative = False
         self.block = 1
+        #: the side's injector, whose passes only this attention reads (None: any; an attention used on its own)
+        object.__setattr__(self, "pass_owner", None)
         #: decoder self-attention: the ``attn_mask`` fairseq hands it in a full pass is its future mask
         self.future_masked = False
-        #: ``--pe-attention-kernel``: which path a call takes where several compute it (:meth:`path_of`)
+        #: ``--pe-attention-kernel``: which backend a call takes where several compute it (:meth:`plan`)
         self.kernel = "auto"
 
     @classmethod
@@ -248,9 +295,9 @@ class PositionAttention(MultiheadAttention):
         attention._init_position_attention()
         return attention
 
-    def attach_relative(self, relative, block: int):
+    def attach_relative(self, relative, block: int, owner=None):
         """Use the side's relative encoding ``relative`` (shared by the side's layers, read from the pass under way)
-        as block ``block``."""
+        as block ``block``; ``owner``: the side's injector, the only one whose passes this attention reads."""
         if relative is not None:
             if not self.self_attention:
                 raise ValueError("relative position encodings apply to self-attention only "
@@ -259,12 +306,15 @@ class PositionAttention(MultiheadAttention):
                 raise ValueError("--pe-relative does not support add_bias_kv / add_zero_attn")
         self.uses_relative = relative is not None
         self.block = block
+        object.__setattr__(self, "pass_owner", owner)  # a plain reference: the injector is its side's submodule
 
     def relative_of_pass(self):
-        """The side's relative encoding, from the pass under way (None where this attention uses none)."""
+        """The pass under way in this thread, whose relative encoding this attention uses (None where it uses
+        none); a pass of another side or model is refused (:class:`~fairseq_pe.positional.pass_state
+        .PassOwnerError`)."""
         if not self.uses_relative:
             return None
-        position_pass = current_pass()
+        position_pass = current_pass(self.pass_owner)
         if position_pass is None:
             raise RuntimeError("a PositionAttention with a relative encoding was called outside a pass of its encoder "
                                "or decoder: open one with fairseq_pe.positional.pass_state.pass_scope("
@@ -284,10 +334,12 @@ class PositionAttention(MultiheadAttention):
         before_softmax: bool = False,
         need_head_weights: bool = False,
     ):
-        explicit = need_weights or need_head_weights or before_softmax or incremental_state is not None
         observer = _observer
-        if not self.uses_relative and (explicit or self.bias_k is not None or self.add_zero_attn
-                                       or self.onnx_trace or key is None):
+        if not self.uses_relative and (need_weights or need_head_weights or before_softmax or self.bias_k is not None
+                                       or self.add_zero_attn or self.onnx_trace or key is None):
+            # the weights or logits asked for without a relative encoding (the cross-attention of fairseq's
+            # alignment layer, whose rows always have a real key), and what the plugin's backends do not compute:
+            # fairseq's own Python implementation, as stock fairseq runs it
             if observer is not None:
                 observer(self, "fairseq")
             if attn_mask is not None and self.is_future_mask(attn_mask, query.size(0), attn_mask.size(1)):
@@ -297,108 +349,124 @@ class PositionAttention(MultiheadAttention):
                                    static_kv, attn_mask, before_softmax, need_head_weights)
         tgt_len, bsz, embed_dim = query.size()
         heads, head_dim = self.num_heads, self.head_dim
+        if key_padding_mask is not None and key_padding_mask.dim() == 0:
+            key_padding_mask = None
 
         def split_heads(x):  # (T, B, E) -> (B, H, T, d)
             return x.view(-1, bsz, heads, head_dim).permute(1, 2, 0, 3)
 
+        saved = None if incremental_state is None else self._get_input_buffer(incremental_state)
+        cached = saved is not None and "prev_key" in saved
         q = split_heads(self.q_proj(query))
-        source = query if self.self_attention else key
-        k = split_heads(self.k_proj(source))
-        v = split_heads(self.v_proj(source if self.self_attention else value))
+        if static_kv and cached:  # cross-attention while decoding: the source's keys and values, projected once
+            k, v, new_padding = saved["prev_key"], saved["prev_value"], None
+        else:
+            source = query if self.self_attention else key
+            k = split_heads(self.k_proj(source))
+            v = split_heads(self.v_proj(source if self.self_attention else value))
+            new_padding = key_padding_mask
+        query_offset = saved["prev_key"].size(2) if cached and not static_kv else 0
         position_pass = self.relative_of_pass()
-        if position_pass is None:  # cross-attention, or self-attention without a relative encoding
-            path = self.path_of(q, None, False, bsz, tgt_len, k.size(2),
-                                masked=self.whole_mask(attn_mask, key_padding_mask, tgt_len, k.size(2)))
-            run = {"blocks": self._blocks, "flex": self._flex}.get(path, self._fused)
-            return run(q, k, v, 0, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim), None
-
-        relative = position_pass.relative
-        # what the encoding reads of the pass: the rows' own positions where the keys are padded (a padding mask is
-        # what fairseq hands over when it found padding: told without reading the tokens)
-        rows = position_pass.relative_rows(padded=key_padding_mask is not None)
-        query_offset = 0
-        if incremental_state is not None:
-            saved = self._get_input_buffer(incremental_state)
-            if "prev_key" in saved:
-                query_offset = saved["prev_key"].size(2)
+        relative = None if position_pass is None else position_pass.relative
         key_state = None
-        if relative.own_logits:  # the logits hook's state of every key so far, from this call's input
-            new_padding = key_padding_mask if key_padding_mask is not None and key_padding_mask.dim() > 0 else None
+        if relative is not None and relative.own_logits:  # the logits hook's state of every key so far
             key_state = relative.key_state(query, new_padding, self.block,
                                            saved.get("pe_key_state") if query_offset > 0 else None)
-        bias_gradient = torch.is_grad_enabled() and relative.bias_requires_grad
-        path = "explicit" if explicit else self.path_of(
-            q, relative, bias_gradient, bsz, tgt_len, tgt_len,
-            masked=self.whole_mask(attn_mask, key_padding_mask, tgt_len, tgt_len))
-        fused = path in ("fused", "flex") or (path == "blocks" and not relative.query_terms
-                                               and not relative.own_logits)
-        # SDPA scales the logits itself; the other paths take the queries scaled (with RoPE's rotation: no product)
-        q, k = relative.rotate(q, k, query_offset, self.block, 1.0 if fused else self.scaling, rows=rows)
-        if incremental_state is not None:
+        if saved is not None:  # the padding of every key, the cache's and this call's, before anything reads it
+            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+                key_padding_mask=key_padding_mask, prev_key_padding_mask=saved.get("prev_key_padding_mask"),
+                batch_size=bsz, src_len=query_offset + k.size(2), static_kv=static_kv)
+        # what the encoding reads of the pass: the rows' own positions where some key is padded (told by the masks
+        # fairseq hands over, the cache's included: no host sync)
+        rows = RelativeRows() if position_pass is None else \
+            position_pass.relative_rows(padded=key_padding_mask is not None)
+        src_len = query_offset + k.size(2)
+        backend = self.plan(relative, bsz, tgt_len, src_len, attn_mask, key_padding_mask, q.device,
+                            weights=need_weights or need_head_weights or before_softmax,
+                            incremental=incremental_state is not None)
+        # SDPA and FlexAttention scale the logits themselves; the explicit backends take the queries scaled (with
+        # RoPE's rotation: no product of its own)
+        scaled = backend not in SCALING_BACKENDS or (backend == "blocks" and explicit_terms(relative))
+        if relative is not None:
+            q, k = relative.rotate(q, k, query_offset, self.block, self.scaling if scaled else 1.0, rows=rows)
+        elif scaled:
+            q = q * self.scaling
+        if saved is not None:
             if query_offset > 0:
                 k = torch.cat([saved["prev_key"], k], dim=2)
                 v = torch.cat([saved["prev_value"], v], dim=2)
-            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
-                key_padding_mask=key_padding_mask, prev_key_padding_mask=saved.get("prev_key_padding_mask"),
-                batch_size=bsz, src_len=k.size(2), static_kv=False)
             saved["prev_key"], saved["prev_value"] = k, v  # (B, H, S, d), as fairseq keeps them
             saved["prev_key_padding_mask"] = key_padding_mask
             if key_state is not None:  # batch first: beam search reorders it with the keys
                 saved["pe_key_state"] = key_state
             self._set_input_buffer(incremental_state, saved)
-
-        value_dtype = v.dtype
+        out_dtype = v.dtype
         # queries and keys kept in float32 by the encoding (xPos's scales in fp16, or under autocast): the attention
         # runs in float32, autocast off (autocast_off), and the output projection gets the values' dtype back
         float32 = q.dtype != v.dtype
         if float32:
             v = v.to(q.dtype)
-        if fused:
-            run = {"fused": self._fused, "blocks": self._blocks, "flex": self._flex}[path]
-            return run(q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim, value_dtype,
-                       float32, relative, rows), None
-
-        src_len = k.size(2)
+        call = Call(q, k, v, query_offset, attn_mask, key_padding_mask,
+                    self.is_future_mask(attn_mask, tgt_len, src_len), relative, rows, key_state, out_dtype, float32)
+        if backend != "explicit":
+            return getattr(self, "_" + backend)(call), None
         if observer is not None:
-            observer(self, path)
-        rows_out = None
+            observer(self, "explicit")
         with autocast_off(q.device, float32):
-            if explicit:
-                out, probs, logits = self._explicit(relative, rows, q, k, v, attn_mask, key_padding_mask, query_offset,
-                                                    0, tgt_len, need_probs=True, before_softmax=before_softmax,
-                                                    key_state=key_state)
-                if before_softmax:
-                    return logits.view(bsz * heads, tgt_len, src_len), v.reshape(bsz * heads, src_len, head_dim)
-            else:
-                record = torch.is_grad_enabled()
-                elements = EVAL_BLOCK_ELEMENTS if path == "blocks" else BLOCK_ELEMENTS
-                per_block = max(1, elements // max(1, bsz * heads * src_len))
-                if not record and path == "blocks":  # evaluation in linear memory: nothing kept per block
-                    rows = rows._replace(memo=None)
-                blocks = []
-                # evaluation: each block written into the output projection's layout (no list, no concatenation)
-                rows_out = None if record else q.new_empty(tgt_len, bsz, heads, head_dim)
-                for start in range(0, tgt_len, per_block):
-                    end = min(tgt_len, start + per_block)
-                    args = (relative, rows, q[:, :, start:end], k, v, attn_mask, key_padding_mask, query_offset, start,
-                            end, key_state)
-                    if record:
-                        blocks.append(checkpoint(self._block, *args, use_reentrant=False))
-                    else:
-                        rows_out[start:end] = self._block(*args).permute(2, 0, 1, 3)
-                out = rows_out if not record else blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)
-                probs = None
-        if rows_out is not None:  # (T, B, H, d) already
-            out = out.view(tgt_len, bsz, embed_dim)
-        else:
-            out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
-        out = self.out_proj(out.to(value_dtype))
+            out, probs, logits = self._explicit(call, 0, tgt_len, need_probs=True, before_softmax=before_softmax)
+        if before_softmax:
+            return logits.view(bsz * heads, tgt_len, src_len), v.reshape(bsz * heads, src_len, head_dim)
+        out = self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim).to(out_dtype))
         weights = None
         if need_weights or need_head_weights:
             weights = probs.transpose(1, 0)  # (H, B, T, S), as fairseq returns them
             if not need_head_weights:
                 weights = weights.mean(dim=0)
         return out, weights
+
+    def plan(self, relative, bsz: int, tgt_len: int, src_len: int, attn_mask, key_padding_mask, device,
+             weights: bool = False, incremental: bool = False) -> str:
+        """The backend of a call: ``explicit`` (the weights or the logits asked for; a relative encoding's decoding
+        step), ``sdpa`` (one mask), ``blockwise`` (explicit blocks of query rows, checkpointed when autograd
+        records), ``blocks`` (SDPA over blocks of query rows, evaluation) or ``flex`` (module docstring).
+
+        Decided from the module's own state and the call's sizes and masks, by ``--pe-attention-kernel``
+        (:attr:`kernel`): training is ``self.training``, never the grad mode, so that a forward under
+        ``--checkpoint-activations`` (run without autograd) and its recomputation in backward (with it) take the
+        same backend and draw the same dropout.  The choice is logged once per kind."""
+        if weights or self.kernel == "explicit":  # "explicit": every call written out (the tests' reference)
+            return "explicit"
+        if incremental and explicit_terms(relative):
+            # a decoding step: the Shaw family's terms folded into the keys and values of one query row, SDPA then
+            # computes it (:meth:`_sdpa`); the logits hook's encodings write their logits out
+            return "sdpa" if tgt_len == 1 and not relative.own_logits else "explicit"
+        kernel = self.kernel
+        training = self.training
+        query_terms = explicit_terms(relative)
+        learns = training and relative is not None and relative.bias_requires_grad
+        masked = query_terms or (relative is not None and relative.adds_bias) or \
+            self.whole_mask(attn_mask, key_padding_mask, tgt_len, src_len)
+        elements = bsz * self.num_heads * tgt_len * src_len
+        if not incremental and (kernel == "flex" or (kernel == "auto" and learns and flex.flex_backward(device)
+                                                     and elements > AUTO_FLEX_ELEMENTS)):
+            reason = flex.flex_supported(relative, device, dropout_p=self.dropout_p(), training=training,
+                                         dtype=self.q_proj.weight.dtype)
+            if reason is None and attn_mask is not None and not self.is_future_mask(attn_mask, tgt_len, src_len):
+                reason = "an attention mask other than fairseq's future mask"
+            if reason is None:
+                log_choice_once(kernel, "flex", "FlexAttention, the bias computed inside the kernel")
+                return "flex"
+            log_choice_once(kernel, "not flex", reason)
+        if training:
+            if query_terms or (learns and (kernel == "blockwise" or not mask_gradient_fused(device))):
+                return "blockwise"
+            return "sdpa"
+        if kernel == "blockwise" or (kernel != "sdpa" and masked and elements > AUTO_BLOCKS_ELEMENTS):
+            log_choice_once(kernel, "blocks of query rows in evaluation",
+                            "requested" if kernel == "blockwise" else
+                            f"masks of more than {AUTO_BLOCKS_ELEMENTS:,} elements are built per block")
+            return "blocks"
+        return "blockwise" if query_terms else "sdpa"
 
     def dropout_p(self) -> float:
         """The attention dropout of this call (fairseq's: in training, or in evaluation with retained dropout)."""
@@ -437,83 +505,54 @@ class PositionAttention(MultiheadAttention):
         return torch.zeros(end - start, keys, device=attn_mask.device).masked_fill_(
             torch.arange(keys, device=attn_mask.device) > rows, float("-inf"))
 
-    def path_of(self, q: Tensor, relative, bias_gradient: bool, bsz: int, tgt_len: int, src_len: int,
-                masked: bool = False) -> str:
-        """The path of a call that several paths can compute (not the explicit one), by ``--pe-attention-kernel``
-        (:attr:`kernel`): "fused" (SDPA with one mask), "blockwise" (explicit blocks of rows, which training takes
-        for query terms, and on the CPU for a bias that learns), "blocks" or "flex" (module docstring).  ``masked``:
-        the call's own masks would be built whole (:meth:`whole_mask`); a bias or query terms always are."""
-        kernel = self.kernel
-        training = torch.is_grad_enabled()
-        explicit = relative is not None and (relative.query_terms or relative.own_logits)
-        if relative is not None and (explicit or relative.adds_bias):
-            masked = True
-        elements = bsz * self.num_heads * tgt_len * src_len
-        if kernel == "flex" or (kernel == "auto" and training and bias_gradient and flex.flex_backward(q.device)
-                                and elements > AUTO_FLEX_ELEMENTS):
-            reason = flex.flex_supported(relative, q.device, dropout_p=self.dropout_p())
-            if reason is None:
-                log_choice_once(kernel, "flex", "FlexAttention, the bias computed inside the kernel")
-                return "flex"
-            log_choice_once(kernel, "not flex", reason)
-        if training:
-            if explicit:
-                return "blockwise"
-            if bias_gradient and (kernel == "blockwise" or not mask_gradient_fused(q.device)):
-                return "blockwise"
-            return "fused"
-        if kernel == "blockwise" or (kernel != "sdpa" and masked and elements > AUTO_BLOCKS_ELEMENTS):
-            log_choice_once(kernel, "blocks of query rows in evaluation",
-                            "requested" if kernel == "blockwise" else
-                            f"masks of more than {AUTO_BLOCKS_ELEMENTS:,} elements are built per block")
-            return "blocks"
-        return "blockwise" if explicit else "fused"
+    # ---- the backends: one signature, (call) -> the (T, B, E) output projection ------------------------------------
 
-    def _fused(self, q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim, out_dtype=None,
-               float32=False, relative=None, rows=None):
-        """SDPA with one float mask, or ``is_causal`` (module docstring); returns the (T, B, E) output projection.
-        ``float32``: the encoding keeps q and k in float32, autocast must not lower them (:func:`autocast_off`);
-        ``relative``, ``rows``: the side's relative encoding and what it reads of the pass (None: none)."""
-        src_len = k.size(2)
-        if key_padding_mask is not None and key_padding_mask.dim() == 0:
-            key_padding_mask = None
+    def _sdpa(self, call: Call) -> Tensor:
+        """SDPA with one float mask, or ``is_causal`` (module docstring: the fused path)."""
+        q, k, v, relative = call.q, call.k, call.v, call.relative
+        bsz, _, tgt_len, src_len = call.sizes
+        attn_mask, key_padding_mask, query_offset = call.attn_mask, call.key_padding_mask, call.query_offset
+        if relative is not None and relative.query_terms:  # one query row (plan): q·(k_j + a^K), Σ α (v_j + a^V)
+            key_vectors, value_vectors = relative.folded_vectors(src_len, query_offset, self.block, rows=call.rows)
+            k, v = k + key_vectors.to(k.dtype), v + value_vectors.to(v.dtype)
         causal = False
-        future = self.is_future_mask(attn_mask, tgt_len, src_len)
-        if future and key_padding_mask is None and query_offset == 0 \
+        if call.causal and key_padding_mask is None and query_offset == 0 \
                 and tgt_len == src_len and (relative is None or not relative.adds_bias):
             # fairseq's future mask is all this attention masks with: the kernel's own causal mask (top-left
             # aligned, the same for T = S) reaches FlashAttention, which takes no float mask
             mask, causal = None, True
         elif relative is not None:  # the same for the layers of a pass that share the bias: built once per pass
             def mask():
-                bias = relative.position_bias(tgt_len, src_len, query_offset, self.block, rows=rows)
-                return merged_mask(self.mask_rows(attn_mask, 0, tgt_len, src_len, future), key_padding_mask, bias,
-                                   bsz, tgt_len, src_len, q.dtype)
+                bias = relative.position_bias(tgt_len, src_len, query_offset, self.block, rows=call.rows)
+                return merged_mask(self.mask_rows(attn_mask, 0, tgt_len, src_len, call.causal), key_padding_mask,
+                                   bias, bsz, tgt_len, src_len, q.dtype)
 
             gradient = torch.is_grad_enabled() and relative.bias_requires_grad
             key = MaskKey(bsz, tgt_len, src_len, query_offset, relative.bias_key(self.block), q.dtype,
                           attn_mask is not None, key_padding_mask is not None, gradient)
-            mask = rows.shared(key, mask, keep_graph=gradient and not relative.recomputed)
+            mask = call.rows.shared(key, mask, keep_graph=gradient and not relative.recomputed)
         else:
-            mask = merged_mask(self.mask_rows(attn_mask, 0, tgt_len, src_len, future), key_padding_mask, None, bsz,
-                               tgt_len, src_len, q.dtype)
+            mask = merged_mask(self.mask_rows(attn_mask, 0, tgt_len, src_len, call.causal), key_padding_mask, None,
+                               bsz, tgt_len, src_len, q.dtype)
         p = self.dropout_p()
         observer = _observer
         if observer is not None:
             observer(self, "fused", q=q, k=k, v=v, attn_mask=mask, dropout_p=p, is_causal=causal)
-        with autocast_off(q.device, float32):
+        with autocast_off(q.device, call.float32):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal,
                                                  scale=self.scaling)
-        return self.project_heads(out, out_dtype)
+        return self.project_heads(out, call.out_dtype)
 
-    def _blocks(self, q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim, out_dtype=None,
-                float32=False, relative=None, rows=None):
+    def _blocks(self, call: Call) -> Tensor:
         """SDPA over blocks of query rows, each with the mask of its rows only (module docstring: the blocks path);
-        evaluation only (no autograd).  Returns the (T, B, E) output projection."""
-        heads, src_len = self.num_heads, k.size(2)
-        if key_padding_mask is not None and key_padding_mask.dim() == 0:
-            key_padding_mask = None
-        causal = self.is_future_mask(attn_mask, tgt_len, src_len)
+        the Shaw family's and the logits hook's blocks explicitly (:meth:`_blockwise`)."""
+        relative = call.relative
+        if explicit_terms(relative):
+            return self._blockwise(call, EVAL_BLOCK_ELEMENTS, label="blocks")
+        q, k, v, rows = call.q, call.k, call.v, call.rows
+        bsz, heads, tgt_len, src_len = call.sizes
+        attn_mask, key_padding_mask, query_offset, causal = (call.attn_mask, call.key_padding_mask,
+                                                             call.query_offset, call.causal)
         bias = relative is not None and relative.adds_bias
         vector = padding = low = None
         if bias and relative.toeplitz and rows.positions is None:
@@ -529,7 +568,7 @@ class PositionAttention(MultiheadAttention):
             if key_padding_mask is not None:
                 padding = torch.zeros(bsz, 1, 1, src_len, device=q.device, dtype=q.dtype).masked_fill_(
                     key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), float("-inf"))
-        unshared = None if rows is None else rows._replace(memo=None)  # nothing of a block kept in the pass
+        unshared = rows.unshared()  # nothing of a block kept in the pass
         p = self.dropout_p()
         if vector is not None and padding is None:
             # the mask is a view of the vector, which SDPA's kernels read tile by tile, never whole: large blocks
@@ -565,79 +604,98 @@ class PositionAttention(MultiheadAttention):
             if observer is not None:
                 observer(self, "blocks", q=block_q, k=block_k, v=block_v, attn_mask=mask, dropout_p=p,
                          is_causal=False)
-            with autocast_off(q.device, float32):
+            with autocast_off(q.device, call.float32):
                 block_out = F.scaled_dot_product_attention(block_q, block_k, block_v, attn_mask=mask, dropout_p=p,
                                                            scale=self.scaling)
             out[start:end] = (block_out.flip(2) if reverse else block_out).permute(2, 0, 1, 3)
             del mask, block_out
-        out = out.view(tgt_len, bsz, embed_dim)
-        return self.out_proj(out if out_dtype is None else out.to(out_dtype))
+        out = out.view(tgt_len, bsz, heads * q.size(-1))
+        return self.out_proj(out.to(call.out_dtype))
 
-    def _flex(self, q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim, out_dtype=None,
-              float32=False, relative=None, rows=None):
-        """FlexAttention with the encoding's score_mod (:mod:`fairseq_pe.models.flex`); returns the (T, B, E) output
-        projection."""
-        src_len = k.size(2)
-        if key_padding_mask is not None and key_padding_mask.dim() == 0:
-            key_padding_mask = None
-        causal = self.is_future_mask(attn_mask, tgt_len, src_len)
-        if attn_mask is not None and not causal:  # a mask of the caller's own: not a block mask of the lengths
-            log_choice_once(self.kernel, "fused", "an attention mask other than fairseq's future mask")
-            return self._fused(q, k, v, query_offset, attn_mask, key_padding_mask, tgt_len, bsz, embed_dim,
-                               out_dtype, float32, relative, rows)
+    def _flex(self, call: Call) -> Tensor:
+        """FlexAttention with the encoding's score_mod (:mod:`fairseq_pe.models.flex`)."""
         p = self.dropout_p()
         observer = _observer
         if observer is not None:
-            observer(self, "flex", q=q, k=k, v=v, attn_mask=None, dropout_p=p, is_causal=causal)
-        with autocast_off(q.device, float32):
-            out = flex.flex_attention_forward(relative, rows, self.block, q, k, v, scale=self.scaling,
-                                         query_offset=query_offset, causal=causal, key_padding_mask=key_padding_mask,
-                                         dropout_p=p)
-        return self.project_heads(out, out_dtype)
+            observer(self, "flex", q=call.q, k=call.k, v=call.v, attn_mask=None, dropout_p=p, is_causal=call.causal)
+        with autocast_off(call.q.device, call.float32):
+            out = flex.flex_attention_forward(call.relative, call.rows, self.block, call.q, call.k, call.v,
+                                              scale=self.scaling, query_offset=call.query_offset, causal=call.causal,
+                                              key_padding_mask=call.key_padding_mask, dropout_p=p)
+        return self.project_heads(out, call.out_dtype)
 
-    def _block(self, relative, rows, q, k, v, attn_mask, key_padding_mask, query_offset, start, end, key_state=None):
+    def _blockwise(self, call: Call, elements: int = BLOCK_ELEMENTS, label: str = "blockwise") -> Tensor:
+        """The attention computed explicitly over blocks of query rows (about ``elements`` logits each): each block
+        checkpointed where autograd records (backward recomputes one block at a time, with the forward's dropout),
+        else written into the output projection's layout.  A block reads only the pass's values of O(T + S)
+        (:meth:`~fairseq_pe.positional.pass_state.RelativeRows.unshared`): nothing of a block's T × S stays in the
+        pass."""
+        bsz, heads, tgt_len, src_len = call.sizes
+        head_dim = call.q.size(-1)
+        observer = _observer
+        if observer is not None:
+            observer(self, label)
+        call = call._replace(rows=call.rows.unshared())
+        per_block = max(1, elements // max(1, bsz * heads * src_len))
+        record = torch.is_grad_enabled()
+        with autocast_off(call.q.device, call.float32):
+            if record:
+                blocks = [checkpoint(self._block, call, start, min(tgt_len, start + per_block), use_reentrant=False)
+                          for start in range(0, tgt_len, per_block)]
+                out = (blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=2)).permute(2, 0, 1, 3)
+            else:  # each block written into the output projection's layout (no list, no concatenation)
+                out = call.q.new_empty(tgt_len, bsz, heads, head_dim)
+                for start in range(0, tgt_len, per_block):
+                    end = min(tgt_len, start + per_block)
+                    out[start:end] = self._block(call, start, end).permute(2, 0, 1, 3)
+        return self.out_proj(out.reshape(tgt_len, bsz, heads * head_dim).to(call.out_dtype))
+
+    def _block(self, call: Call, start: int, end: int) -> Tensor:
         """Query rows start..end of the attention output (B, H, rows, d), computed explicitly."""
-        return self._explicit(relative, rows, q, k, v, attn_mask, key_padding_mask, query_offset, start, end,
-                              key_state=key_state)[0]
+        return self._explicit(call, start, end)[0]
 
-    def _explicit(self, relative, rows, q, k, v, attn_mask, key_padding_mask, query_offset, start, end,
-                  need_probs=False, before_softmax=False, key_state=None):
+    def _explicit(self, call: Call, start: int, end: int, need_probs=False, before_softmax=False):
         """Rows start..end of the attention with every relative term: (output, probabilities, logits).
 
-        ``relative``: the side's relative encoding, ``rows`` what it reads of the pass; ``q`` (B, H, rows, d) is
-        scaled; ``k``, ``v`` (B, H, S, d) hold every key.  A single query row (a step of
-        step-by-step decoding) takes a relative encoding's query terms into its keys and values instead
+        ``call.q`` is scaled.  A single query row (a step of step-by-step decoding) takes a relative encoding's
+        query terms into its keys and values instead
         (:meth:`~fairseq_pe.positional.relative_vectors._RelativeVectors.folded_vectors`: q·(k_j + a^K_{j−i}) and
         Σ_j α_ij (v_j + a^V_{j−i}), the same sums), and every layer reads the step's mask, built once.  An
         :attr:`~fairseq_pe.positional.base.RelativePositionEncoding.own_logits` encoding computes the logits itself
         (``attention_logits``, with ``key_state``, its state of every key, and the rows' masks), and no bias is
-        merged into the mask."""
+        merged into the mask.  A row whose every key is masked gets probabilities 0 (:func:`safe_softmax`), as
+        SDPA gives, never NaN."""
+        relative, rows, k, v = call.relative, call.rows, call.k, call.v
+        q = call.q if start == 0 and end == call.q.size(2) else call.q[:, :, start:end]
         bsz, heads, count, head_dim = q.shape
         src_len = k.size(2)
-        offset = query_offset + start
-        future = attn_mask is not None and self.is_future_mask(attn_mask, attn_mask.size(0), src_len)
-        folded = relative.query_terms and count == 1
+        offset = call.query_offset + start
+        attn_mask, key_padding_mask = call.attn_mask, call.key_padding_mask
+        folded = relative is not None and relative.query_terms and count == 1
         if folded:
             key_vectors, value_vectors = relative.folded_vectors(src_len, offset, self.block, rows=rows)
             k = k + key_vectors.to(k.dtype)
             v = v + value_vectors.to(v.dtype)
-        own_logits = relative.own_logits
+        own_logits = relative is not None and relative.own_logits
+        adds_bias = relative is not None and not own_logits
 
         def mask():
-            bias = None if own_logits else relative.position_bias(end - start, src_len, offset, self.block, rows=rows)
-            return merged_mask(self.mask_rows(attn_mask, start, end, src_len, future), key_padding_mask, bias, bsz,
-                               count, src_len, q.dtype, shift=not before_softmax)
+            bias = relative.position_bias(end - start, src_len, offset, self.block, rows=rows) if adds_bias else None
+            return merged_mask(self.mask_rows(attn_mask, start, end, src_len, call.causal), key_padding_mask, bias,
+                               bsz, count, src_len, q.dtype, shift=not before_softmax)
 
-        mask = rows.shared(BlockMaskKey(bsz, start, end, offset, src_len, relative.bias_key(self.block), q.dtype,
+        mask = rows.shared(BlockMaskKey(bsz, start, end, offset, src_len,
+                                        relative.bias_key(self.block) if relative is not None else None, q.dtype,
                                         attn_mask is not None, key_padding_mask is not None, before_softmax), mask)
         flat_q = q.reshape(bsz * heads, count, head_dim)
         if own_logits:  # the logits hook (FoX, CoPE, DAPE): float32 or q's dtype
-            logits = relative.attention_logits(q, k, offset, self.block, rows=rows, state=key_state, masking=mask)
+            logits = relative.attention_logits(q, k, offset, self.block, rows=rows, state=call.key_state,
+                                               masking=mask)
         else:
             logits = torch.bmm(flat_q, k.reshape(bsz * heads, src_len, head_dim).transpose(1, 2))
             logits = logits.view(bsz, heads, count, src_len)
         # in place from here on: no more (B, H, rows, S) copies (bmm's backward needs q and k, not its output)
-        if not folded:
+        if relative is not None and not folded:
             term = relative.logit_terms(flat_q, count, src_len, offset, self.block, rows=rows)
             if term is not None:
                 logits.add_(term.to(logits.dtype))
@@ -650,7 +708,7 @@ class PositionAttention(MultiheadAttention):
         probs = self.dropout_module(probs_float.to(v.dtype))
         flat_probs = probs.view(bsz * heads, count, src_len)
         out = torch.bmm(flat_probs, v.reshape(bsz * heads, src_len, head_dim))
-        if not folded:
+        if relative is not None and not folded:
             values = relative.value_terms(flat_probs, count, src_len, offset, self.block, rows=rows)
             if values is not None:
                 out = out + values.to(out.dtype)

@@ -44,6 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fairseq_pe.positional.pass_state import FlexBlockMaskKey
+
 try:
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 except ImportError:  # torch < 2.5
@@ -57,10 +59,11 @@ BLOCK = 128
 LINEAR_BUCKETS_UP_TO = 1024
 
 
-def flex_supported(relative, device, dropout_p: float = 0.0) -> Optional[str]:
+def flex_supported(relative, device, dropout_p: float = 0.0, training: bool = False,
+                   dtype: Optional[torch.dtype] = None) -> Optional[str]:
     """None when :func:`flex_attention_forward` computes this attention (``relative``: the side's relative encoding,
-    None for none) on ``device``, else why not (for the log).  Reads the grad mode: the CPU has FlexAttention's
-    forward only."""
+    None for none) on ``device``, else why not (for the log).  ``training``: the module's mode (never the grad mode,
+    which differs between a checkpointed forward and its recomputation): the CPU has FlexAttention's forward only."""
     if flex_attention is None:
         return f"torch without flex_attention (torch {torch.__version__}; FlexAttention needs torch 2.5 or newer)"
     if relative is not None and relative.query_terms:
@@ -73,7 +76,9 @@ def flex_supported(relative, device, dropout_p: float = 0.0) -> Optional[str]:
         return f"{type(relative).__name__} has no score_mod (its bias is neither Toeplitz nor computed in-kernel)"
     if dropout_p > 0:
         return "FlexAttention has no attention dropout (--attention-dropout > 0)"
-    if torch.is_grad_enabled() and not flex_backward(torch.device(device)):
+    if dtype == torch.float64 and not flex_float64(torch.device(device)):
+        return "FlexAttention on the CPU computes in float32, fp16 and bf16 only (torch 2.13), not float64"
+    if training and not flex_backward(torch.device(device)):
         return "FlexAttention does not support backward on CPU (training on the CPU)"
     return None
 
@@ -81,6 +86,12 @@ def flex_supported(relative, device, dropout_p: float = 0.0) -> Optional[str]:
 def flex_backward(device: torch.device) -> bool:
     """Whether FlexAttention's backward runs on ``device``: on CUDA ("FlexAttention does not support backward on
     CPU", torch 2.13)."""
+    return device.type == "cuda"
+
+
+def flex_float64(device: torch.device) -> bool:
+    """Whether FlexAttention computes in float64 on ``device``: on CUDA (the CPU's kernel takes float32, fp16 and
+    bf16 only, torch 2.13)."""
     return device.type == "cuda"
 
 
@@ -217,7 +228,12 @@ def flex_attention_forward(relative, rows, block: int, q: Tensor, k: Tensor, v: 
         key_padding = _pad_length(key_padding, b_pad, 0, value=False)  # the extra rows see every (zero) key
     if rows is not None and rows.positions is not None and b_pad > batch:
         rows = rows._replace(positions=_pad_length(rows.positions, b_pad, 0))
-    mask = block_mask(key_padding, b_pad, t_pad, s_pad, query_offset, causal, q.device)
+    def build():
+        return block_mask(key_padding, b_pad, t_pad, s_pad, query_offset, causal, q.device)
+
+    # the same for every layer of a pass: built once (a call on its own builds its own)
+    mask = build() if rows is None else rows.shared(
+        FlexBlockMaskKey(b_pad, t_pad, s_pad, query_offset, causal, key_padding_mask is not None), build)
     score_mod = None if relative is None else relative.score_mod(t_pad, s_pad, query_offset, block, rows)
     q, k, v = _pad_length(q, t_pad, 2), _pad_length(k, s_pad, 2), _pad_length(v, s_pad, 2)
     q, k, v = (_pad_length(x, b_pad, 0) for x in (q, k, v))

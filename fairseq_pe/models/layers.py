@@ -95,7 +95,7 @@ def wrap_layer(layer, cfg):
         checkpointed = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations).forward
 
         def forward(x, *args, **kwargs):
-            position_pass = current_pass()
+            position_pass = current_pass(layer.position_injector)
             inputs = {} if position_pass is None else {**layer.position_inputs(position_pass), "pe_pass": position_pass}
             return checkpointed(x, *args, **inputs, **kwargs)
 
@@ -114,7 +114,7 @@ class BlockPositionMixin:
         # a plain reference: the injector is a submodule of the encoder/decoder already
         object.__setattr__(self, "position_injector", injector)
         self.block = block
-        self.self_attn.attach_relative(injector.relative, block)
+        self.self_attn.attach_relative(injector.relative, block, owner=injector)
         self.self_attn.kernel = injector.attention_kernel
         if getattr(self, "encoder_attn", None) is not None:
             self.encoder_attn.kernel = injector.attention_kernel
@@ -122,9 +122,6 @@ class BlockPositionMixin:
             install_projection_biases(self.self_attn, self, "self")
         if injector.cross_bias is not None and getattr(self, "encoder_attn", None) is not None:
             install_projection_biases(self.encoder_attn, self, "cross")
-
-    #: the block's position tensors given as inputs (activation checkpointing), during a forward call
-    given_positions = None
 
     def position_inputs(self, position_pass: PositionPass):
         """This block's position tensors, computed from the pass's positions: the per-block absolute vectors
@@ -146,23 +143,28 @@ class BlockPositionMixin:
         refuse_data_parallel()
 
     def position_tensor(self, name: str, compute):
-        """The position tensor ``name`` given to this call, else ``compute()``."""
-        given = self.given_positions
-        return given[name] if given is not None and name in given else compute()
+        """The position tensor ``name`` given to this call (activation checkpointing: the pass this call opened holds
+        them, :attr:`~fairseq_pe.positional.pass_state.PositionPass.given`), else ``compute()``."""
+        position_pass = current_pass(self.position_injector)
+        given = position_pass.given if position_pass is not None else {}
+        return given[name] if name in given else compute()
 
     def forward(self, x, *args, **kwargs):
         given = {k: kwargs.pop(k) for k in [k for k in kwargs if k.startswith("pe_")]}
-        # a checkpointed call brings its pass: maybe recomputed in backward, after the pass's scope ended
-        outer = open_pass(given.pop("pe_pass", None))
-        self.given_positions = given or None
+        # a checkpointed call brings its pass (maybe recomputed in backward, after the pass's scope ended, or in
+        # autograd's own thread) and this block's position tensors, which the pass it opens carries: nothing of the
+        # call is written on the module, which threads may share
+        position_pass = given.pop("pe_pass", None)
+        if position_pass is not None and given:
+            position_pass = position_pass._replace(given=given)
+        outer = open_pass(position_pass)
         try:
             injector = self.position_injector
             if injector is not None and injector.all_blocks and self.block > 1:
                 x = x + self.position_tensor("pe_block", lambda: injector.block_vectors(
-                    current_pass(), self.block)).to(x.dtype)
+                    current_pass(injector), self.block)).to(x.dtype)
             return super().forward(x, *args, **kwargs)
         finally:
-            self.given_positions = None
             close_pass(outer)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
@@ -177,8 +179,9 @@ class PositionAwareEncoderLayer(BlockPositionMixin, TransformerEncoderLayerBase)
     def forward(self, x, encoder_padding_mask=None, *args, **kwargs):
         # what fairseq's encoder decided for this pass (it hands the layers no mask when nothing is padded):
         # read by TransformerPEEncoder, which then returns no padding mask to the cross-attention either
-        if self.position_injector is not None:
-            self.position_injector.source_padded = encoder_padding_mask is not None
+        position_pass = kwargs.get("pe_pass") or current_pass(self.position_injector)
+        if position_pass is not None:
+            position_pass.memo.source_padded = encoder_padding_mask is not None
         return super().forward(x, encoder_padding_mask, *args, **kwargs)
 
 

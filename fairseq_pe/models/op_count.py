@@ -64,7 +64,7 @@ HOST_READ_NAMES = ("cpu", "tolist", "numpy", "__array__")
 #: ``module:function`` of each predicate of ``device`` with which the package branches on the device type; within
 #: :func:`counting` each answers as for a CUDA device
 CUDA_BRANCHES = ("fairseq_pe.models.attention:aligned_rows", "fairseq_pe.models.attention:mask_gradient_fused",
-                 "fairseq_pe.models.flex:flex_backward")
+                 "fairseq_pe.models.flex:flex_backward", "fairseq_pe.models.flex:flex_float64")
 
 
 @dataclass

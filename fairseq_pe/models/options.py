@@ -122,6 +122,10 @@ def add_position_encoding_args(parser):
     group.add_argument("--pe-fire-threshold", type=float, metavar="L0",
                        help="fire: the initial threshold L of the normaliser ψ(max(i, L)); L = |λ|·L0 with λ learned "
                             "from 1 (default 512, the paper's)")
+    group.add_argument("--pe-fire-activation", choices=["relu", "leaky-relu"],
+                       help="fire: the activation of its MLP's hidden units: relu (the FIRE paper's, Li et al.) or "
+                            "leaky-relu (slope 0.01, DAPE's FIRE, Zheng et al. 2024: the catalogue's fire-dape, with "
+                            "--pe-fire-threshold 64). Default: relu")
     group.add_argument("--pe-sandwich-dim", type=sandwich_dim, metavar="D",
                        help="sandwich: the dimension d̄ of the sinusoids whose dot products give the bias: an even "
                             "number, 'head' (the dimension of one attention head, as NeMo's implementation of the "
@@ -183,6 +187,7 @@ RELATIVE_FAMILY_OPTIONS = [
     ("pe_sandwich_dim", ("sandwich",), "head"),
     ("pe_sandwich_first_frequency", ("sandwich",), 1),
     ("pe_fire_threshold", ("fire",), 512.0),
+    ("pe_fire_activation", ("fire",), "relu"),
     ("pe_fox_gate_std", ("fox",), 0.02),
     ("pe_fox_gate_bias", ("fox",), 0.0),
     ("pe_cope_npos", ("cope",), None),

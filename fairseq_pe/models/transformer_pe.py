@@ -81,16 +81,16 @@ class TransformerPEEncoder(TransformerEncoderBase):
 
     def forward(self, src_tokens, *args, **kwargs):
         injector = self.embed_positions
-        injector.source_padded = None
         # a direct call (not through the model) still solves FLOATER's ODE once for all blocks; the pass of this
         # forward is read by the layers within the scope, and dropped with it
         with floater_pass(flow_of(injector), src_tokens.size(1)):
-            outer = open_pass(injector.build_pass(src_tokens))
+            position_pass = injector.build_pass(src_tokens)
+            outer = open_pass(position_pass)
             try:
                 out = super().forward(src_tokens, *args, **kwargs)
             finally:
                 close_pass(outer)
-        if injector.source_padded is False:
+        if position_pass.memo.source_padded is False:
             # nothing is padded (fairseq's encoder has looked, and handed its layers no mask): no mask for the
             # cross-attention either, which then runs without one (fairseq returns an all-False mask, which keeps
             # every cross-attention from torch's FlashAttention kernel); fairseq's decoder and beam search read an

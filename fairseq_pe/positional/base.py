@@ -66,6 +66,13 @@ def build_position_encoding(kind: str, name: str, **kwargs) -> Optional[nn.Modul
     return cls(**kwargs)
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype an encoding computes in for a model (or tensor) of ``dtype``: float32 for fp16, bf16 and float32
+    (the precision of the positions, :class:`Float32State`), float64 for float64, which is never lowered (a float64
+    model computes in float64 throughout: the reference of a differential test)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 class Float32State(nn.Module):
     """Keeps this module's parameters and buffers (its children's too) in float32 when the model is
     converted to half precision (``.half()``, ``.bfloat16()``, ``.to(dtype)``, fairseq's ``--fp16`` and

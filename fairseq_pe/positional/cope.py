@@ -37,7 +37,7 @@ import torch.nn as nn
 
 from fairseq_pe.errors import UserError
 
-from .base import Float32State, RelativePositionEncoding, option, register_position_encoding
+from .base import Float32State, RelativePositionEncoding, compute_dtype, option, register_position_encoding
 
 
 @register_position_encoding("relative", "cope")
@@ -60,9 +60,10 @@ class ContextualPositions(Float32State, RelativePositionEncoding):
         self.pos_emb = nn.Parameter(torch.zeros(num_blocks, self.head_dim, self.npos))
 
     def attention_logits(self, q, k, query_offset, block, rows=None, state=None, masking=None):
-        """(q·k + e)/√d in float32 for the scaled queries ``q`` (B, H, T', d); the gates see the visible keys of
-        ``masking`` only."""
-        scaled = torch.matmul(q, k.transpose(-1, -2)).float()  # q·k/√d: the gates' argument and the logits
+        """(q·k + e)/√d in float32 (float64 in a float64 model) for the scaled queries ``q`` (B, H, T', d); the
+        gates see the visible keys of ``masking`` only."""
+        dtype = compute_dtype(q.dtype)
+        scaled = torch.matmul(q, k.transpose(-1, -2)).to(dtype)  # q·k/√d: the gates' argument and the logits
         gates = torch.sigmoid(scaled)
         if masking is not None:
             gates = gates * (masking == 0)
@@ -70,7 +71,7 @@ class ContextualPositions(Float32State, RelativePositionEncoding):
         # z = q·E: with the scaled queries it is z/√d, the reference's default (e added before the division); p is at
         # most the number of keys S, so the rows past S are never read (the reference computes them all)
         table = self.pos_emb[block - 1][:, :min(self.npos, k.size(2) + 1)]
-        fixed = torch.matmul(q.float(), table)  # (B, H, T', min(npos, S + 1))
+        fixed = torch.matmul(q.to(dtype), table)  # (B, H, T', min(npos, S + 1))
         if self.nodiv:
             fixed = fixed * math.sqrt(self.head_dim)
         floor = positions.detach().floor()

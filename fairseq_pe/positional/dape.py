@@ -15,7 +15,7 @@ scores before the mask and the softmax): the network mixes the heads (each outpu
 bias), width 32 (``--pe-dape-width``), LeakyReLU of slope 0.01 (``--pe-dape-activation``), PyTorch's default
 ``nn.Linear`` / ``nn.Conv2d`` initialisation (so f is not 0 at initialisation), one network per layer, B added
 unscaled after the logits' 1/√d, kernel 3 with zero padding on both sides of the keys for v2
-(``--pe-dape-kernel``).  Everything runs in float32.
+(``--pe-dape-kernel``).  Everything runs in float32 (float64 in a float64 model).
 
 The bias B is the encoding's own, as it is without DAPE: in the decoder the reference's ALiBi and KERPLE take
 ``-tril(i - j)`` (0 above the diagonal), ours their value at |i − j| there; v1 reads each (i, j) alone, so the
@@ -30,8 +30,11 @@ zero padding there instead), and its step-by-step decoding (``sq == 1``, whose `
 only) computes something else again.  Here each causal row is computed as if at least k//2 keys followed it (X gets
 k//2 zero columns on the right): every row then depends on its own visible keys only, as in the reference for every
 row that has k//2 keys after it, and step-by-step decoding equals the full pass.  Hidden keys of X (future and
-padding) are 0, as the reference's tril; the first convolution's outputs at padding keys before the query are 0 too
-(as the convolution's own zero padding at the start of an unpadded row), so that left padding changes nothing.
+padding) are 0, as the reference's tril; the first convolution's outputs at padding keys are 0 too (as the
+convolution's own zero padding at the ends of an unpadded row): in the decoder those before the query (its keys after
+the query are its future, continued as above), in the encoder every one, before or after the query, so that neither
+left nor right padding changes a real token's logits.  The reference (a causal language model, unpadded batches)
+has no padding to mask.
 """
 
 import math
@@ -42,7 +45,7 @@ import torch.nn.functional as F
 
 from fairseq_pe.errors import UserError
 
-from .base import Float32State, RelativePositionEncoding, option
+from .base import Float32State, RelativePositionEncoding, compute_dtype, option
 
 WIDTH = 32
 KERNEL = 3
@@ -109,9 +112,9 @@ class DapeModifier(Float32State, RelativePositionEncoding):
 
     def attention_logits(self, q, k, query_offset, block, rows=None, state=None, masking=None):
         """logits + B + f([logits; B]) in float32 (module docstring), for the scaled queries ``q`` (B, H, T', d)."""
-        logits = torch.matmul(q, k.transpose(-1, -2)).float()  # (B, H, T', S): the scaled scores, unmasked
+        logits = torch.matmul(q, k.transpose(-1, -2)).to(compute_dtype(q.dtype))  # (B, H, T', S): scaled, unmasked
         count, src_len = logits.shape[-2:]
-        bias = self.base.position_bias(count, src_len, query_offset, block, rows=rows).float()  # (H|B·H, T', S)
+        bias = self.base.position_bias(count, src_len, query_offset, block, rows=rows).to(logits)  # (H|B·H, T', S)
         index = block - 1
         if self.version == "v1":
             network = self._pointwise(logits, bias, index)
@@ -143,8 +146,10 @@ class DapeModifier(Float32State, RelativePositionEncoding):
         if self.causal:  # as if k//2 keys followed every row (module docstring)
             features = F.pad(features, (0, pad))
         hidden = self.activation(F.conv2d(features, self.w1[index], self.b1[index], padding=(0, pad)))
-        if masking is not None:  # padding keys before the query: 0, as the zero padding of an unpadded row
-            before = (masking != 0) & (keys < rows)
-            after = before.new_zeros(before.shape[:-1] + (hidden.size(-1) - src_len,))  # the k//2 extra keys
-            hidden = hidden.masked_fill(torch.cat([before, after], dim=-1), 0.0)
+        if masking is not None:  # padding keys: 0, as the zero padding at the ends of an unpadded row
+            padding = masking != 0  # the encoder's hidden keys: padding, before or after the query
+            if self.causal:  # the decoder's keys after the query are its future, continued as if zero keys followed
+                padding = padding & (keys < rows)
+            after = padding.new_zeros(padding.shape[:-1] + (hidden.size(-1) - src_len,))  # the k//2 extra keys
+            hidden = hidden.masked_fill(torch.cat([padding, after], dim=-1), 0.0)
         return F.conv2d(hidden, self.w2[index], self.b2[index], padding=(0, pad))[..., :src_len]

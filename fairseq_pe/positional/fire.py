@@ -10,13 +10,19 @@ threshold L learned (as the paper: c starts at 0.1; L = |λ|·L₀, λ learned f
 distances are interpolated into [0, 1] by the query's position, so that a longer input shows f the same
 range it was trained on.  The small ε = 1e-6 of the paper's code keeps the quotient finite.
 
+DAPE's FIRE (Zheng et al. 2024, the FIRE under DAPE's network, their Eq. 4): LeakyReLU units of slope 0.01
+(``--pe-fire-activation leaky-relu``) and L₀ = 64, as the DAPE reference (``chuanyang-Zheng/DAPE`` @ bde344a:
+``DAPE.py``'s ``FIRE_DAPE``, and ``megatron/model/positional_embeddings.py``'s ``FIRE_C`` with the released config
+``configs/125M/512/125M_fire_c.yml``: L₀ = noise_seq_length // 2 = 64); the catalogue's ``fire-dape``.
+
 Positions are the tokens' own (0 for a row's first real token), not their indices: with fairseq's
 left-padded source the normaliser of a padded row would otherwise start late (the injector hands the
 rows' positions over, ``rows.positions``, as it does for randomised positions).
 
-Evaluation.  f is a ReLU network of one scalar with one hidden layer, so it is piecewise linear in its input x,
-with at most 33 pieces, cut where a hidden unit switches (x = −b₁ₖ/w₁ₖ): on each piece f(x) = A·x + B, with A and B
-the sums of w₂·w₁ and w₂·b₁ over the units that are on there.  The bias of every (query, key) pair is computed
+Evaluation.  f is a (Leaky)ReLU network of one scalar with one hidden layer, so it is piecewise linear in its input
+x, with at most 33 pieces, cut where a hidden unit switches (x = −b₁ₖ/w₁ₖ): on each piece f(x) = A·x + B, with A and
+B the sums of g·w₂·w₁ and g·w₂·b₁ over the units, g = 1 for the units on there and the negative slope (0 for ReLU)
+for the others.  The bias of every (query, key) pair is computed
 that way (:meth:`FirePositionBias.network_at`, but for a few hundred pairs, such as one step of step-by-step
 decoding): the quotient x of each pair, its piece, then one multiply-add per head, instead of the 32 hidden units of
 every pair: no (B, T, S, 32) tensor (512 MiB per layer at T = 1024 and
@@ -36,13 +42,15 @@ import torch.nn.functional as F
 
 from fairseq_pe.errors import UserError
 
-from .base import Float32State, RelativePositionEncoding, option, register_position_encoding
+from .base import Float32State, RelativePositionEncoding, compute_dtype, option, register_position_encoding
 from .pass_state import BiasKey, as_rows
 
 HIDDEN = 32
 C_INIT = 0.1
 EPS = 1e-6
 DEFAULT_THRESHOLD = 512
+#: ``--pe-fire-activation``: the hidden units' slope below 0 (ReLU, the FIRE paper's; LeakyReLU, DAPE's FIRE)
+NEGATIVE_SLOPES = {"relu": 0.0, "leaky-relu": 0.01}
 #: the largest threshold L₀: it and log(c·L + 1) stay finite in float32 (the parameters' dtype)
 MAX_THRESHOLD = 1e30
 #: without autograd, biases of more elements than this are computed one head at a time (no (H, ...) temporaries)
@@ -65,6 +73,10 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
             raise UserError(f"--pe-fire-threshold must be positive and at most {MAX_THRESHOLD:g} (L = |λ|·L₀ and the "
                             f"normaliser log(c·L + 1) are float32: an infinite one leaves the bias no position), got "
                             f"{self.threshold:g}")
+        activation = option(args, "pe_fire_activation", "relu")
+        if activation not in NEGATIVE_SLOPES:
+            raise UserError(f"--pe-fire-activation must be one of {', '.join(NEGATIVE_SLOPES)}, got {activation}")
+        self.negative_slope = NEGATIVE_SLOPES[activation]
         self.untie_layers = bool(getattr(args, "pe_relative_untie_layers", False))
         n = num_blocks if self.untie_layers else 1
         # nn.Linear(1, 32) and nn.Linear(32, H) per set, stacked (nn.Linear's own initialisation)
@@ -83,12 +95,17 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
     def bias_key(self, block):
         return block - 1 if self.untie_layers else 0
 
+    def activation(self, z: torch.Tensor) -> torch.Tensor:
+        """The hidden units' ReLU, or LeakyReLU with ``--pe-fire-activation leaky-relu`` (module docstring)."""
+        return torch.relu(z) if self.negative_slope == 0 else F.leaky_relu(z, self.negative_slope)
+
     def function_input(self, i: torch.Tensor, j: torch.Tensor, index: int) -> torch.Tensor:
         """The quotient fed to f for query positions ``i`` and key positions ``j`` (broadcastable)."""
         c = self.c[index].abs()
         threshold = self.threshold_scale[index].abs() * self.threshold
-        distance = (i - j).float()
-        normaliser = torch.maximum(torch.maximum(i, j).float(), threshold)
+        dtype = compute_dtype(c.dtype)  # float32, float64 in a float64 model
+        distance = (i - j).to(dtype)
+        normaliser = torch.maximum(torch.maximum(i, j).to(dtype), threshold)
         return distance.sign() * torch.log1p(c * distance.abs()) / (torch.log1p(c * normaliser) + EPS)
 
     def index_function_input(self, tgt_len: int, src_len: int, query_offset: int, index: int) -> torch.Tensor:
@@ -100,11 +117,12 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
         c = self.c[index].abs()
         threshold = self.threshold_scale[index].abs() * self.threshold
         low = -(query_offset + tgt_len - 1)  # the smallest j − i
-        distance = -torch.arange(low, src_len - query_offset, device=device).float()  # i − j, from the largest
+        dtype = compute_dtype(c.dtype)  # float32, float64 in a float64 model
+        distance = -torch.arange(low, src_len - query_offset, device=device, dtype=dtype)  # i − j, from the largest
         numerators = distance.sign() * torch.log1p(c * distance.abs())
         # window a starts at j − i = low + a: query T − 1 − a's row; flipped to row order
         numerators = numerators.unfold(0, src_len, 1).flip(0)
-        indices = torch.arange(max(query_offset + tgt_len, src_len), device=device).float()
+        indices = torch.arange(max(query_offset + tgt_len, src_len), device=device, dtype=dtype)
         inverse = 1.0 / (torch.log1p(c * torch.maximum(indices, threshold)) + EPS)
         rows = inverse[query_offset:query_offset + tgt_len].view(-1, 1)
         return numerators * torch.minimum(rows, inverse[:src_len].view(1, -1))
@@ -112,7 +130,7 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
     def network(self, x: torch.Tensor, index: int) -> torch.Tensor:
         """f_θ of every element of ``x``: (..., H), written as the network it is (the reference of
         :meth:`network_at`)."""
-        hidden = torch.relu(x.unsqueeze(-1) * self.w1[index] + self.b1[index])
+        hidden = self.activation(x.unsqueeze(-1) * self.w1[index] + self.b1[index])
         return hidden @ self.w2[index] + self.b2[index]
 
     def pieces(self, index: int):
@@ -125,7 +143,8 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
         cuts = torch.where(switching, -b1 / torch.where(switching, w1, torch.ones_like(w1)), torch.full_like(b1, 2.0))
         cuts = cuts.detach().clamp(-2.0, 2.0).sort().values
         inside = torch.cat([cuts[:1] - 1, (cuts[1:] + cuts[:-1]) / 2, cuts[-1:] + 1])  # a point of every piece
-        on = (inside.unsqueeze(1) * w1 + b1 > 0).to(w1.dtype)  # (pieces, 32): the units on in each piece
+        # (pieces, 32): each unit's slope in each piece, 1 where it is on, else the negative slope
+        on = torch.where(inside.unsqueeze(1) * w1 + b1 > 0, 1.0, self.negative_slope).to(w1.dtype)
         return cuts, (on * w1) @ w2, (on * b1) @ w2 + b2
 
     def network_at(self, x: torch.Tensor, index: int, one_lookup: bool = False) -> torch.Tensor:
@@ -134,8 +153,8 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
         operations than finding the pieces.  ``one_lookup`` (evaluation, a block of rows): every head's slope and
         intercept in one embedding lookup of the piece, 2.5× faster than two gathers per head (64 × 4,096 pairs,
         4 heads: 5.8 ms against 14.7), at the price of a temporary twice the result's size."""
-        if x.numel() * HIDDEN <= DIRECT_ELEMENTS:  # relu(x·w₁ + b₁)·w₂ + b₂, head first: three kernels
-            hidden = torch.relu(torch.addcmul(self.b1[index], x.unsqueeze(-1), self.w1[index]))
+        if x.numel() * HIDDEN <= DIRECT_ELEMENTS:  # act(x·w₁ + b₁)·w₂ + b₂, head first: three kernels
+            hidden = self.activation(torch.addcmul(self.b1[index], x.unsqueeze(-1), self.w1[index]))
             out = torch.addmm(self.b2[index].unsqueeze(1), self.w2[index].t(), hidden.reshape(-1, HIDDEN).t())
             return out.view((self.num_heads,) + x.shape)
         cuts, slopes, intercepts = self.pieces(index)
@@ -173,14 +192,16 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
     def score_mod(self, tgt_len, src_len, query_offset, block, rows=None, q=None):
         """f_θ(x) computed inside FlexAttention's kernel (:mod:`fairseq_pe.models.flex`) for query rows 0 ..
         ``tgt_len`` − 1 and keys 0 .. ``src_len`` − 1: x from the query's and key's positions (the indices, or the
-        rows' own, padded with 0 past them: the kernel's extra keys are masked), then the network with its 32 ReLU
-        units unrolled: b₂[h] + Σ_k w₂[k, h]·relu(w₁[k]·x + b₁[k]), reading θ, c and λ as captured tensors, so
+        rows' own, padded with 0 past them: the kernel's extra keys are masked), then the network with its 32 units
+        unrolled: b₂[h] + Σ_k w₂[k, h]·act(w₁[k]·x + b₁[k]), reading θ, c and λ as captured tensors, so
         that FlexAttention's backward gives their gradients.  What :meth:`position_bias` computes, to rounding."""
         index = block - 1 if self.untie_layers else 0
         w1, b1, w2, b2 = self.w1[index], self.b1[index], self.w2[index], self.b2[index]
         c = self.c[index].abs()
         threshold = self.threshold_scale[index].abs() * self.threshold
         positions = as_rows(rows).positions
+        slope = self.negative_slope  # a float: no module inside the kernel's function
+        activation = torch.relu if slope == 0 else (lambda z: F.leaky_relu(z, slope))
 
         def network(score, h, i, j):
             distance = i - j
@@ -188,7 +209,7 @@ class FirePositionBias(Float32State, RelativePositionEncoding):
             x = torch.sign(distance) * torch.log1p(c * distance.abs()) / (torch.log1p(c * normaliser) + EPS)
             out = score + b2[h]
             for k in range(HIDDEN):
-                out = out + w2[k, h] * torch.relu(w1[k] * x + b1[k])
+                out = out + w2[k, h] * activation(w1[k] * x + b1[k])
             return out
 
         if positions is None:

@@ -16,7 +16,7 @@ ODE generates position-dependent biases of the queries, keys and values (Eq. 13)
 :class:`FloaterFlow` is the one module that solves the ODE for a whole model: the initial
 values of every user (absolute encodings, Q/K/V biases of every block) are stacked into one
 state and solved together, once per forward pass, up to the longest sequence of the batch,
-in float32 whatever the model's dtype.  In evaluation (without autograd) the solution is
+in float32 (float64 in a float64 model).  In evaluation (without autograd) the solution is
 cached and extended lazily when a longer input arrives (fixed-step solvers continue from the last
 state; dopri5 solves again from 0, so that results never depend on how the cache grew); there is no
 maximum length.  Users register with :meth:`FloaterFlow.add_client` and read their vectors
@@ -36,7 +36,7 @@ from torch.utils.checkpoint import checkpoint
 
 from fairseq_pe.errors import UserError
 
-from .base import AbsolutePositionEncoding, Float32State, option, register_position_encoding
+from .base import AbsolutePositionEncoding, Float32State, compute_dtype, option, register_position_encoding
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +122,8 @@ class FloaterDynamics(nn.Module):
             self.b2.zero_()
 
     def prepared(self):
-        """θ as float32 tensors, scaled (once per solve, not once per step)."""
-        params = [p.float() for p in (self.w1, self.b1, self.w2, self.b2)]
+        """θ as float32 tensors (float64 in a float64 model), scaled (once per solve, not once per step)."""
+        params = [p.to(compute_dtype(p.dtype)) for p in (self.w1, self.b1, self.w2, self.b2)]
         if self.lr_scale != 1.0:
             params = [p * self.lr_scale for p in params]
         return params
@@ -492,7 +492,8 @@ class FloaterFlow(Float32State):
 
     # ---- solving --------------------------------------------------------------------------
     def _initial(self) -> torch.Tensor:
-        return torch.cat([client.initial_values().float() for _, client in self._clients], dim=0)
+        initial = [client.initial_values() for _, client in self._clients]
+        return torch.cat([p.to(compute_dtype(p.dtype)) for p in initial], dim=0)
 
     def _group_sizes(self) -> Dict[str, int]:
         sizes = {g: 0 for g in self.groups}
@@ -551,7 +552,7 @@ class FloaterFlow(Float32State):
         field = _StackedField(self.dynamics)
         # positions are output times t_i = i·Δt computed the same way whatever ``start`` is, so
         # extending a solution continues exactly the grid of a longer solve from 0
-        t = torch.arange(start, start + length, device=y0.device, dtype=torch.float32) * self.dt
+        t = torch.arange(start, start + length, device=y0.device, dtype=y0.dtype) * self.dt
         kwargs = {"method": self.solver}
         if self.solver in FIXED_STEP_SOLVERS:
             kwargs["options"] = {"grid_constructor": _refined_grid(self.substeps)}
@@ -646,7 +647,8 @@ class FloaterFlow(Float32State):
             self._pass = outer
 
     def states(self, client: nn.Module, length: int) -> torch.Tensor:
-        """(length, n, D) float32 vectors of ``client``'s n initial values at positions 0 .. length-1."""
+        """(length, n, D) float32 (float64 in a float64 model) vectors of ``client``'s n initial values at positions
+        0 .. length-1."""
         states = self._all_states(length)
         offset = 0
         for _, c in self._clients:

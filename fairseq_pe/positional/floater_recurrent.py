@@ -13,6 +13,7 @@ through :class:`~fairseq_pe.positional.floater.FloaterFlow`.
 import torch
 import torch.nn as nn
 
+from .base import compute_dtype
 from .sinusoidal import sinusoid, transformer_frequencies
 
 
@@ -35,7 +36,7 @@ class RecurrentPositionDynamics(nn.Module):
             self.register_buffer("omega", transformer_frequencies(dim), persistent=False)
 
     def _inputs(self, start: int, steps: int, device):
-        index = torch.arange(start, start + steps, device=device, dtype=torch.float32)
+        index = torch.arange(start, start + steps, device=device, dtype=compute_dtype(self.rnn.weight_hh_l0.dtype))
         if self.input_kind == "scalar":
             return (index * self.dt).unsqueeze(-1).unsqueeze(-1)  # (steps, 1, 1)
         return sinusoid(index, self.omega, self.dim).unsqueeze(1)  # (steps, 1, D)
@@ -49,7 +50,7 @@ class RecurrentPositionDynamics(nn.Module):
             h0 = y0.unsqueeze(0).expand(self.layers, n, self.dim).contiguous()
             carry = (h0, torch.zeros_like(h0)) if self.cell == "lstm" else h0
         z = self._inputs(start, length - 1, y0.device).expand(length - 1, n, -1)
-        if self.rnn.weight_hh_l0.dtype == torch.float32:
+        if self.rnn.weight_hh_l0.dtype in (torch.float32, torch.float64):
             out, carry = self.rnn(z, carry)
         else:  # fp16/bf16 model: run in float32
             params = {k: v.float() for k, v in self.rnn.named_parameters()}

@@ -31,7 +31,7 @@ Step-by-step decoding keeps Λ of the keys so far in fairseq's ``incremental_sta
 ``key_state``: Λ_t = Λ_{t−1} + log f_t), where the reference keeps every step's log f and sums them again at
 every step: the same sums to float rounding.  Cross-attention: relative encodings never reach it (self-attention
 only), as for every encoding of the plugin.  The gate runs in float32 (its parameters stay float32 in a half
-model, as every position parameter), whatever the model's dtype.
+model, as every position parameter), in float64 in a float64 model.
 """
 
 import math
@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from fairseq_pe.errors import UserError
 
-from .base import Float32State, RelativePositionEncoding, option, register_position_encoding
+from .base import Float32State, RelativePositionEncoding, compute_dtype, option, register_position_encoding
 
 #: the reference's initializer_range (N(0, 0.02) weights) and its gate bias (0)
 GATE_STD = 0.02
@@ -71,11 +71,12 @@ class ForgettingGate(Float32State, RelativePositionEncoding):
         self.gate_bias = nn.Parameter(torch.full((num_blocks, gates), bias))
 
     def key_state(self, x, key_padding_mask, block, previous=None):
-        """(B, directions·H, S) float32: Λ, the cumulative log forget gates of every key so far (the backward
-        gates' too in the encoder), from the attention's input ``x`` (T, B, E) of the new tokens; 0 log-gates at
-        padding."""
+        """(B, directions·H, S) float32 (float64 in a float64 model): Λ, the cumulative log forget gates of every key
+        so far (the backward gates' too in the encoder), from the attention's input ``x`` (T, B, E) of the new
+        tokens; 0 log-gates at padding."""
         index = block - 1
-        log_gates = F.logsigmoid(F.linear(x.float(), self.gate_weight[index], self.gate_bias[index]))  # (T, B, gH)
+        x = x.to(compute_dtype(x.dtype))
+        log_gates = F.logsigmoid(F.linear(x, self.gate_weight[index], self.gate_bias[index]))  # (T, B, gH)
         log_gates = log_gates.permute(1, 2, 0)  # (B, gH, T)
         if key_padding_mask is not None:
             log_gates = log_gates.masked_fill(key_padding_mask.unsqueeze(1).to(torch.bool), 0.0)
@@ -105,5 +106,5 @@ class ForgettingGate(Float32State, RelativePositionEncoding):
         return torch.where(above, after, bias)
 
     def attention_logits(self, q, k, query_offset, block, rows=None, state=None, masking=None):
-        logits = torch.matmul(q, k.transpose(-1, -2)).float()
+        logits = torch.matmul(q, k.transpose(-1, -2)).to(compute_dtype(q.dtype))
         return logits.add_(self.forgetting_bias(state, query_offset, q.size(2)))

@@ -60,6 +60,7 @@ UNUSED_PAIRS = ("ones", "unrotated")
 
 class FourierRotationKey(NamedTuple):
     """FoPE's transforms of the pass's new positions for every block (times the queries' scale)."""
+    linear = True  # O(T): kept for blocks too (PassMemo.linear)
     length: int
     query_offset: int
     own_positions: bool
@@ -68,6 +69,7 @@ class FourierRotationKey(NamedTuple):
 
 class FourierBasisKey(NamedTuple):
     """FoPE's cos(t·ω_k), sin(t·ω_k) of the pass's new positions (shared by the side's layers)."""
+    linear = True  # O(T): kept for blocks too (PassMemo.linear)
     length: int
     query_offset: int
     own_positions: bool

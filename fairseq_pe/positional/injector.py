@@ -92,8 +92,8 @@ class PositionInjector(nn.Module):
                  random_positions: Optional[int] = None, causal: bool = False, spaced_in_evaluation: bool = False,
                  attention_kernel: str = "auto"):
         super().__init__()
-        #: ``--pe-attention-kernel``, handed to the side's attentions (:meth:`PositionAttention.path_of
-        #: <fairseq_pe.models.attention.PositionAttention.path_of>`)
+        #: ``--pe-attention-kernel``, handed to the side's attentions (:meth:`PositionAttention.plan
+        #: <fairseq_pe.models.attention.PositionAttention.plan>`)
         self.attention_kernel = attention_kernel
         #: ``--pe-random-positions`` L (:mod:`.random_positions`): sampled in training, and in evaluation on the
         #: encoder side (``causal`` False); None: positions 0 .. n−1
@@ -109,8 +109,6 @@ class PositionInjector(nn.Module):
         self.padding_idx = padding_idx
         # follows the model's dtype (.half(), .bfloat16()) so returned zeros/vectors match it
         self.register_buffer("_dtype_probe", torch.zeros(0), persistent=False)
-        #: the encoder's pass under way: whether fairseq handed its layers a padding mask (None: no layer ran)
-        self.source_padded: Optional[bool] = None
 
     def _replicate_for_data_parallel(self):
         refuse_data_parallel()
@@ -142,7 +140,7 @@ class PositionInjector(nn.Module):
         With ``incremental_state`` only the last time step is returned.
         """
         position_pass = current_pass()
-        if position_pass is None or position_pass.owner is not self:
+        if position_pass is None or position_pass.owner is not self:  # on its own, or the other side's pass
             position_pass = self.build_pass(tokens, incremental_state is not None)
         if self.absolute is None:
             positions = position_pass.positions

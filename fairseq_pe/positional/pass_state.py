@@ -17,6 +17,7 @@ The flow is drawn in ``docs/layout.md`` ("The flow of a pass").
 """
 
 import contextlib
+import threading
 from typing import Callable, Mapping, NamedTuple, Optional, Tuple
 
 import torch
@@ -30,20 +31,41 @@ class PassMemo:
     The grad mode is part of every key: a value computed without autograd (evaluation, the forward of
     ``--checkpoint-activations``) is never handed to a computation that records it.  A value that carries a gradient
     is kept only where the caller says so (``keep_graph``: the fused path, where the layers' gradients add up in one
-    graph), never where a layer's work is recomputed in backward, which needs a graph of its own."""
+    graph), never where a layer's work is recomputed in backward, which needs a graph of its own.
 
-    def __init__(self):
-        self._values = {}
+    A block of query rows (the blocks and blockwise paths) reads the pass through :meth:`linear`: there only values
+    of O(T + S) are kept (the kinds of key marked ``linear``: rotations, a Toeplitz bias's vector, one query's
+    distance vectors), never a block's mask or bias, which would hold the whole T × S again across the blocks and
+    stay alive while a checkpointed forward records."""
+
+    def __init__(self, values: Optional[dict] = None, linear_only: bool = False):
+        self._values = {} if values is None else values
+        self.linear_only = linear_only
+        #: the encoder's pass: whether fairseq handed its layers a padding mask (None: no layer ran)
+        self.source_padded: Optional[bool] = None
+
+    def linear(self) -> "PassMemo":
+        """This memo as a block reads it: the same values, and only values of O(T + S) kept."""
+        return self if self.linear_only else PassMemo(self._values, linear_only=True)
 
     def value(self, key, compute: Callable, keep_graph: bool = False):
-        key = (type(key), key, torch.is_grad_enabled())  # keys of different kinds never equal
-        if key in self._values:
-            return self._values[key]
+        full_key = (type(key), key, torch.is_grad_enabled())  # keys of different kinds never equal
+        if full_key in self._values:
+            return self._values[full_key]
         value = compute()
+        if self.linear_only and not getattr(key, "linear", False):
+            return value
         values = value if isinstance(value, tuple) else (value,)
         if keep_graph or not any(torch.is_tensor(v) and v.requires_grad for v in values):
-            self._values[key] = value
+            self._values[full_key] = value
         return value
+
+    def tensors(self):
+        """Every tensor the memo keeps (for tests of what a pass holds)."""
+        for value in self._values.values():
+            for item in value if isinstance(value, tuple) else (value,):
+                if torch.is_tensor(item):
+                    yield item
 
     def __len__(self):
         return len(self._values)
@@ -78,6 +100,18 @@ class BlockMaskKey(NamedTuple):
     before_softmax: bool
 
 
+class FlexBlockMaskKey(NamedTuple):
+    """FlexAttention's block mask of the pass's sizes, causality and padding (built once per pass, as its documented
+    use builds ``create_block_mask`` once per batch and reuses it in every layer)."""
+    linear = True  # one entry per 128 × 128 block of the logits
+    batch: int
+    tgt_len: int
+    src_len: int
+    query_offset: int
+    causal: bool
+    padded: bool
+
+
 class BiasKey(NamedTuple):
     """A relative encoding's position bias (ALiBi, T5, KERPLE, Sandwich, FIRE), per row or shared by the rows."""
     tgt_len: int
@@ -89,6 +123,7 @@ class BiasKey(NamedTuple):
 
 class DistanceBiasKey(NamedTuple):
     """A Toeplitz encoding's bias of each signed distance low .. high − 1 (ALiBi, T5, KERPLE, Sandwich)."""
+    linear = True  # O(T + S): kept for blocks too (PassMemo.linear)
     low: int
     high: int
     bias_key: object
@@ -96,6 +131,7 @@ class DistanceBiasKey(NamedTuple):
 
 class RotationKey(NamedTuple):
     """RoPE's (xPos's) rotations of the pass's new queries and keys."""
+    linear = True  # O(T + S): kept for blocks too (PassMemo.linear)
     length: int
     query_offset: int
     per_row: bool
@@ -111,6 +147,7 @@ class DistanceIndexKey(NamedTuple):
 
 class FoldedKey(NamedTuple):
     """The Shaw family's distance vectors of one query (a decoding step), to add to the keys and values."""
+    linear = True  # O(T + S): kept for blocks too (PassMemo.linear)
     src_len: int
     query_offset: int
     table: int
@@ -118,6 +155,7 @@ class FoldedKey(NamedTuple):
 
 class VectorsKey(NamedTuple):
     """The sinusoidal Shaw vectors of one table."""
+    linear = True  # O(T + S): kept for blocks too (PassMemo.linear)
     table: int
 
 
@@ -138,6 +176,11 @@ class RelativeRows(NamedTuple):
             return None
         queries = self.positions[:, query_offset:query_offset + tgt_len]
         return self.positions[:, :src_len].unsqueeze(1) - queries.unsqueeze(2)
+
+    def unshared(self) -> "RelativeRows":
+        """What a block of query rows reads: the same, with the memo keeping values of O(T + S) only
+        (:meth:`PassMemo.linear`)."""
+        return self if self.memo is None else self._replace(memo=self.memo.linear())
 
     def shared(self, key, compute: Callable, keep_graph: bool = False):
         """The pass's value of ``key`` (:class:`PassMemo`)."""
@@ -174,6 +217,9 @@ class PositionPass(NamedTuple):
         floater_rows: FLOATER's biases of this side's positions: "self" -> one (T, B, D) tensor per block and
             projection, "cross" -> the cross-attention queries' per block.
         source: the decoder's source (FLOATER's cross-attention keys and values), None without one.
+        given: within a checkpointed layer's call, the block's position tensors handed to it as inputs (FLOATER's
+            biases ``pe_self_0`` .., ``pe_block``), read by :meth:`~fairseq_pe.models.layers.BlockPositionMixin
+            .position_tensor`; else empty.
     """
     owner: object
     positions: Tensor
@@ -185,6 +231,7 @@ class PositionPass(NamedTuple):
     sampled: bool = False
     floater_rows: Mapping[str, Tuple[Tensor, ...]] = {}
     source: Optional[SourcePositions] = None
+    given: Mapping[str, Tensor] = {}
 
     def relative_rows(self, padded: bool) -> RelativeRows:
         """What the relative encoding reads for an attention whose keys are ``padded`` (it was handed a padding
@@ -194,35 +241,36 @@ class PositionPass(NamedTuple):
         return RelativeRows(self.rows if needed else None, self.length, self.memo)
 
 
-#: the innermost pass under way (:func:`pass_scope`).  A module variable, not a ContextVar: ``torch.compile`` traces
-#: reading and setting it, where ``ContextVar.get`` breaks the graph (measured with ``torch._dynamo.explain``: 11
-#: breaks instead of 4 in a 2-layer encoder with T5).
-#: The one process runs one pass at a time per model; ``nn.DataParallel``'s threads are refused by name
-#: (:func:`~fairseq_pe.positional.base.refuse_data_parallel`).
-_current: Optional[PositionPass] = None
+class PassOwnerError(RuntimeError):
+    """An attention or layer read a pass that another side or model built (:func:`current_pass` with ``owner``)."""
+
+
+#: the innermost pass under way, per thread (:func:`pass_scope`): two models evaluated in two threads, or one model
+#: in a pool of threads (as stock fairseq models can be), each read their own pass.  Reading it names its owner
+#: (:func:`current_pass`), so that a pass read by a module of another side or model fails loudly instead of mixing.
+#: ``nn.DataParallel``'s replicas are refused by name (:func:`~fairseq_pe.positional.base.refuse_data_parallel`).
+_local = threading.local()
 
 
 def open_pass(position_pass: Optional[PositionPass]) -> Optional[PositionPass]:
-    """Make ``position_pass`` the pass under way (None: leave it as it is); returns the one it replaces, for
-    :func:`close_pass`.  ``try``/``finally`` around the side's forward (what :func:`pass_scope` does), written out
+    """Make ``position_pass`` this thread's pass under way (None: leave it as it is); returns the one it replaces,
+    for :func:`close_pass`.  ``try``/``finally`` around the side's forward (what :func:`pass_scope` does), written out
     where ``torch.compile`` traces it: a graph break inside a generator's ``with`` block is not resumable."""
-    global _current
-    outer = _current
+    outer = getattr(_local, "current", None)
     if position_pass is not None:
-        _current = position_pass
+        _local.current = position_pass
     return outer
 
 
 def close_pass(outer: Optional[PositionPass]):
     """End the pass that :func:`open_pass` opened: ``outer`` (what it returned) is under way again."""
-    global _current
-    _current = outer
+    _local.current = outer
 
 
 @contextlib.contextmanager
 def pass_scope(position_pass: Optional[PositionPass]):
-    """Within the block, :func:`current_pass` is ``position_pass`` (the innermost scope wins); at its end the
-    scope that was open before is restored.  ``None`` opens nothing."""
+    """Within the block, :func:`current_pass` is ``position_pass`` in this thread (the innermost scope wins); at its
+    end the scope that was open before is restored.  ``None`` opens nothing."""
     outer = open_pass(position_pass)
     try:
         yield position_pass
@@ -230,6 +278,14 @@ def pass_scope(position_pass: Optional[PositionPass]):
         close_pass(outer)
 
 
-def current_pass() -> Optional[PositionPass]:
-    """The pass under way (:func:`pass_scope`), or None outside every pass."""
-    return _current
+def current_pass(owner: object = None) -> Optional[PositionPass]:
+    """This thread's pass under way (:func:`pass_scope`), or None outside every pass.  With ``owner`` (the side's
+    :class:`~fairseq_pe.positional.injector.PositionInjector` that the caller belongs to), a pass that another
+    injector built is refused (:class:`PassOwnerError`): a module never computes with another model's or side's
+    positions."""
+    position_pass = getattr(_local, "current", None)
+    if owner is not None and position_pass is not None and position_pass.owner is not owner:
+        raise PassOwnerError(
+            f"the pass under way in this thread was built by another side or model ({position_pass.owner!r:.80}); "
+            "a module reads only its own side's pass (open it with pass_scope(injector.build_pass(tokens)))")
+    return position_pass

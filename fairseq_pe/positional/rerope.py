@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 import torch
 
+from .base import compute_dtype
 from .pass_state import RelativeRows, as_rows
 
 
@@ -81,12 +82,13 @@ def rerope_logits(rope, q, k, query_offset: int, rows: RelativeRows = None):
 def rerope_rotations(rope, length: int, keys: int, query_offset: int, device, rows: RelativeRows):
     """The queries' log scales (..., T, 1), the rotations of the product within the window (R_i, R_j), and for each
     direction past it ((R_a, R_b or None), its mask (..., T, S)): what :func:`rerope_logits` needs of the positions."""
+    dtype = compute_dtype(rope.rotary.freqs.dtype)  # float32, float64 in a float64 model
     if rows.positions is None:
-        query_positions = torch.arange(length, device=device, dtype=torch.float32) + query_offset  # (T,)
-        key_positions = torch.arange(keys, device=device, dtype=torch.float32)  # (S,)
+        query_positions = torch.arange(length, device=device, dtype=dtype) + query_offset  # (T,)
+        key_positions = torch.arange(keys, device=device, dtype=dtype)  # (S,)
     else:
-        query_positions = rows.positions[:, query_offset:query_offset + length].to(device).float().unsqueeze(1)
-        key_positions = rows.positions[:, :keys].to(device).float().unsqueeze(1)  # (B, 1, S)
+        query_positions = rows.positions[:, query_offset:query_offset + length].to(device, dtype).unsqueeze(1)
+        key_positions = rows.positions[:, :keys].to(device, dtype).unsqueeze(1)  # (B, 1, S)
     scale = query_log_scale(query_positions, rope.rerope_train_length).unsqueeze(-1)
     window, factor = rope.rerope_window, rope.rerope_leaky_factor
     near = rope.rotation_at(query_positions), rope.rotation_at(key_positions)

@@ -41,7 +41,7 @@ from rotary_embedding_torch import RotaryEmbedding
 
 from fairseq_pe.errors import UserError
 
-from .base import Float32State, RelativePositionEncoding, register_position_encoding
+from .base import Float32State, RelativePositionEncoding, compute_dtype, register_position_encoding
 from .pass_state import RelativeRows, RotationKey, as_rows
 from .rerope import rerope_logits
 from .resonance_rope import resonance_angles, resonance_frequencies, resonance_wavelengths
@@ -214,12 +214,13 @@ class RotaryPositionEncoding(Float32State, RelativePositionEncoding):
         return rotation, rotation
 
     def angles(self, length, query_offset, positions, device):
-        """m·θ_i for the pass's new positions m (float32): the library's frequencies and position interpolation,
-        (T, d/2), or (B, 1, T, d/2) for positions per row."""
-        if positions is None:  # as rotary-embedding-torch's get_seq_pos: (arange + offset) / factor, float32
-            t = (torch.arange(length, device=device, dtype=torch.float32) + query_offset)
+        """m·θ_i for the pass's new positions m (float32, float64 in a float64 model): the library's frequencies and
+        position interpolation, (T, d/2), or (B, 1, T, d/2) for positions per row."""
+        dtype = compute_dtype(self.rotary.freqs.dtype)
+        if positions is None:  # as rotary-embedding-torch's get_seq_pos: (arange + offset) / factor
+            t = (torch.arange(length, device=device, dtype=dtype) + query_offset)
         else:
-            t = positions.float().unsqueeze(1)
+            t = positions.to(dtype).unsqueeze(1)
         return self.angles_of(t)
 
     def angles_of(self, t: torch.Tensor) -> torch.Tensor:
@@ -268,9 +269,10 @@ class RotaryPositionEncoding(Float32State, RelativePositionEncoding):
 
 def rotated(x: torch.Tensor, rotation: torch.Tensor, dtype) -> torch.Tensor:
     """``x`` (..., T, d) with each pair of dimensions (2i, 2i+1), read as a complex number, times ``rotation``
-    (..., T, d/2), in float32: x₂ᵢ·cos − x₂ᵢ₊₁·sin and x₂ᵢ·sin + x₂ᵢ₊₁·cos times the rotation's magnitude, which is
-    rotary-embedding-torch's ``apply_rotary_emb`` (``t·cos + rotate_half(t)·sin``) in three operations."""
-    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    (..., T, d/2), in float32 (float64 for a float64 ``x``): x₂ᵢ·cos − x₂ᵢ₊₁·sin and x₂ᵢ·sin + x₂ᵢ₊₁·cos times the
+    rotation's magnitude, which is rotary-embedding-torch's ``apply_rotary_emb`` (``t·cos + rotate_half(t)·sin``) in
+    three operations."""
+    pairs = torch.view_as_complex(x.to(compute_dtype(x.dtype)).unflatten(-1, (-1, 2)))
     return torch.view_as_real(pairs * rotation).flatten(-2).to(dtype)
 
 
@@ -335,6 +337,6 @@ class XposPositionEncoding(RotaryPositionEncoding):
             positions = torch.arange(query_offset, query_offset + length, device=device)
         else:  # the rows' own positions: (B, 1, T) (padding's −1 gets a harmless scale; it is masked)
             positions = positions.unsqueeze(1)
-        exponent = positions.float().unsqueeze(-1) / XPOS_SCALE_BASE * self.log_zeta  # (..., T, d/2)
+        exponent = positions.to(self.log_zeta.dtype).unsqueeze(-1) / XPOS_SCALE_BASE * self.log_zeta  # (..., T, d/2)
         # the queries' rotation scaled by ζ^(n/B), the keys' by ζ^(−m/B)
         return torch.polar(exponent.exp(), angles), torch.polar((-exponent).exp(), angles)

@@ -21,19 +21,20 @@ import torch
 
 from fairseq_pe.errors import UserError
 
-from .base import Float32State, RelativePositionEncoding, option, register_position_encoding
+from .base import Float32State, RelativePositionEncoding, compute_dtype, option, register_position_encoding
 from .pass_state import BiasKey, as_rows
 
 
-def sandwich_bias(distance: torch.Tensor, dim: int, num_heads: int, first_frequency: int = 1) -> torch.Tensor:
-    """(H, *distance.shape) biases for the signed distances ``distance`` (float32): the sum of cosines over
-    k = ``first_frequency`` .. ``first_frequency`` + d̄/2 − 1."""
+def sandwich_bias(distance: torch.Tensor, dim: int, num_heads: int, first_frequency: int = 1,
+                  dtype=torch.float32) -> torch.Tensor:
+    """(H, *distance.shape) biases for the signed distances ``distance`` (computed in float64, returned in
+    ``dtype``): the sum of cosines over k = ``first_frequency`` .. ``first_frequency`` + d̄/2 − 1."""
     k = torch.arange(first_frequency, first_frequency + dim // 2, dtype=torch.float64, device=distance.device)
     omega = 10000.0 ** (-2 * k / dim)
     dots = torch.cos(distance.double().unsqueeze(-1) * omega).sum(-1) - dim / 2  # p_i·p_j − d̄/2
     heads = torch.arange(1, num_heads + 1, dtype=torch.float64, device=distance.device)
     scale = (num_heads / (8.0 * heads)).view(-1, *([1] * distance.dim()))
-    return (dots.unsqueeze(0) * scale).float()
+    return (dots.unsqueeze(0) * scale).to(dtype)
 
 
 @register_position_encoding("relative", "sandwich")
@@ -55,8 +56,13 @@ class SandwichPositionBias(Float32State, RelativePositionEncoding):
 
     toeplitz = True
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The bias's dtype: float32, float64 in a float64 model (the anchor follows the model's conversions)."""
+        return compute_dtype(self.anchor.dtype)
+
     def bias_of_distances(self, distances, block):
-        return sandwich_bias(distances, self.dim, self.num_heads, self.first_frequency)
+        return sandwich_bias(distances, self.dim, self.num_heads, self.first_frequency, self.dtype)
 
     def position_bias(self, tgt_len, src_len, query_offset, block, rows=None):
         view = as_rows(rows)
@@ -67,7 +73,7 @@ class SandwichPositionBias(Float32State, RelativePositionEncoding):
                 # then gathered: nothing of size (B, T, S, d̄/2) is built (2 GiB at 4,096 tokens and T = 256)
                 bound = view.bound
                 table = sandwich_bias(torch.arange(-bound, bound + 1, device=rows.device), self.dim, self.num_heads,
-                                      self.first_frequency)
+                                      self.first_frequency, self.dtype)
                 return table[:, rows + bound].transpose(0, 1)
 
             return view.shared(BiasKey(tgt_len, src_len, query_offset, 0, True), per_row)

@@ -31,7 +31,7 @@ import math
 import torch
 import torch.nn as nn
 
-from .base import AbsolutePositionEncoding, Float32State, register_position_encoding
+from .base import AbsolutePositionEncoding, Float32State, compute_dtype, register_position_encoding
 from .sinusoid_scale import ScaledSinusoids, scale_of
 
 
@@ -42,8 +42,10 @@ def transformer_frequencies(embed_dim: int, base: float = 10000.0) -> torch.Tens
 
 
 def sinusoid(positions: torch.Tensor, frequencies: torch.Tensor, embed_dim: int) -> torch.Tensor:
-    """[sin(ω x) | cos(ω x)] for float ``positions`` of any shape -> shape + (embed_dim,)."""
-    angles = positions.float().unsqueeze(-1) * frequencies.float()
+    """[sin(ω x) | cos(ω x)] for float ``positions`` of any shape -> shape + (embed_dim,), in float32 (float64 for
+    float64 ``frequencies``)."""
+    dtype = compute_dtype(frequencies.dtype)
+    angles = positions.to(dtype).unsqueeze(-1) * frequencies.to(dtype)
     out = torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
     if embed_dim % 2 == 1:
         out = torch.cat([out, out.new_zeros(out.shape[:-1] + (1,))], dim=-1)
