@@ -60,6 +60,15 @@ class Downcasts(TorchDispatchMode):
         return out
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: at these sizes more threads only add their synchronisation."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def batch(d, padded_target: bool):
     """Source and target of 2 rows, the second's source right-padded, and its target where ``padded_target`` (else
     the decoder's biases are those of the indices, without positions per row)."""
