@@ -15,10 +15,15 @@ from fairseq_pe.positional.pass_state import PassOwnerError, pass_scope
 
 from helpers import build_model, largest_tensor_created, random_tokens
 from passes import recorded_passes
-from test_differential_matrix import Case, batch, build, cast
+from test_differential_matrix import Case, batch, build
 
 TINY = ["--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
         "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2"]
+
+
+def flags_of(name):
+    """The catalogue's flags of ``name``, Shaw's distances clipped at 4 (the tests' sentences go past them)."""
+    return catalogue.flags(name) + (["--pe-relative-max-distance", "4"] if name.startswith("rpe") else [])
 
 
 def encoder_loss(model, src, lengths, weights, seed=7):
@@ -35,10 +40,8 @@ def test_checkpointed_gradients_with_attention_dropout_are_the_losss(name, monke
     The blocks threshold is lowered so that evaluation-sized masks are 'large' here: a backend read from the grad
     mode took blocks in the checkpointed forward (no autograd) and another one in the recomputation."""
     monkeypatch.setattr(attention_module, "AUTO_BLOCKS_ELEMENTS", 1)
-    model, d = build_model(*catalogue.flags(name), *TINY, "--checkpoint-activations", "--dropout", "0",
-                           "--attention-dropout", "0.3", "--pe-relative-max-distance", "4") \
-        if name.startswith("rpe") else build_model(*catalogue.flags(name), *TINY, "--checkpoint-activations",
-                                                   "--dropout", "0", "--attention-dropout", "0.3")
+    model, d = build_model(*flags_of(name), *TINY, "--checkpoint-activations", "--dropout", "0",
+                           "--attention-dropout", "0.3")
     model.double().train()
     src = random_tokens(d, 3, 9, left_pad=(0, 3, 5))
     lengths = src.ne(d.pad()).sum(1)
@@ -65,13 +68,12 @@ def test_checkpointed_gradients_with_attention_dropout_are_the_losss(name, monke
     assert abs(analytic - numeric) <= 5e-3 * max(1.0, abs(numeric)), (analytic, numeric)
 
 
-def serial_and_threaded(models, inputs, rounds=20):
+def serial_and_threaded(models, inputs, pad, rounds=20):
     """Each (model, input) evaluated alone, and all of them at once in threads, ``rounds`` times each."""
-    d_pad = 1
 
     def run(model, src):
         with torch.no_grad():
-            return model.encoder(src, src.ne(d_pad).sum(1))["encoder_out"][0].clone()
+            return model.encoder(src, src.ne(pad).sum(1))["encoder_out"][0].clone()
 
     serial = [run(m, x) for m, x in zip(models, inputs)]
     results, errors = [[] for _ in models], []
@@ -102,7 +104,7 @@ def test_two_models_and_one_model_evaluated_in_threads_give_their_serial_outputs
     second, _ = build_model(*catalogue.flags("t5"), *TINY, seed=1)
     short, long = random_tokens(d, 2, 64, left_pad=(0, 5)), random_tokens(d, 3, 96, seed=1, left_pad=(0, 7, 2))
     for models, inputs in (((first, second), (short, short)), ((first, first), (short, long))):
-        serial, threaded = serial_and_threaded(models, inputs)
+        serial, threaded = serial_and_threaded(models, inputs, d.pad())
         for want, runs in zip(serial, threaded):
             for got in runs:
                 torch.testing.assert_close(got, want, rtol=0, atol=0)
@@ -125,8 +127,7 @@ def test_the_memo_keeps_no_t_by_s_tensor_while_a_blockwise_forward_records(name,
     """Defect 5: in blockwise training (blocks of 8 query rows, each checkpointed), what the pass keeps after the
     forward is O(T + S): no block's mask or bias (before: FoX 1.0·T², ALiBi + DAPE 5.07·T²)."""
     monkeypatch.setattr(attention_module, "BLOCK_ELEMENTS", 8 * 2 * 2 * 64)
-    flags = catalogue.flags(name) + (["--pe-relative-max-distance", "4"] if name.startswith("rpe") else [])
-    model, d = build_model(*flags, *TINY, "--dropout", "0", "--attention-dropout", "0")
+    model, d = build_model(*flags_of(name), *TINY, "--dropout", "0", "--attention-dropout", "0")
     model.train()
     src = random_tokens(d, 2, 64)
     with recorded_passes(model.encoder.embed_positions) as passes:
