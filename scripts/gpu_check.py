@@ -32,7 +32,7 @@ on a GPU; each runs per system, the systems in :data:`SYSTEM_ORDER`, the order o
 * **incremental**: step-by-step decoding (fairseq's incremental state) against one full decoder pass, on the
   device, in each dtype, on a padded batch and an unpadded one (whose full pass takes ``is_causal``)
   (:data:`INCREMENTAL_TOLERANCE`).
-* **positions**: what half precision changes in what positions change (:mod:`fairseq_pe.models.precision_probe`):
+* **positions**: what half precision changes in what positions change (:mod:`fairseq_pe.diagnostics.precision`):
   on a padded batch, the per-token log-probabilities and the position parameters' gradients in fp16 and bf16
   against the same weights in float32, within tolerances at which a missing or wrong bias fails.
 * **ddp**: two processes (``torch.distributed.run``) with ``--ddp-backend c10d`` and ``legacy_ddp``: with two
@@ -316,7 +316,7 @@ def dtype_of(name):
 
 
 def allowed_backends(code: str, cuda: bool):
-    """The SDPA kernels a call with these arguments (an ``attention_probe.argument_code``) must reach: on CUDA
+    """The SDPA kernels a call with these arguments (an ``attention_calls.argument_code``) must reach: on CUDA
     (compute capability 8.0 or newer, fp16/bf16) FlashAttention or cuDNN without a mask (``none``, ``causal``),
     memory-efficient or cuDNN with a float mask, memory-efficient with a mask that carries a gradient (the kernel
     that returns it); on the CPU torch's fused CPU kernel (named FLASH_ATTENTION) for every call.
@@ -357,7 +357,7 @@ def check_kernels(ctx, system):
     saw in one training step (recorded, for the report)."""
     import torch
 
-    from fairseq_pe.models.attention_probe import argument_code, argument_summary, recording
+    from fairseq_pe.diagnostics.attention_calls import argument_code, argument_summary, recording
 
     script = load_sdpa_arguments()
     expected = expected_arguments(ctx.cuda).get(system)
@@ -444,7 +444,7 @@ def backend_choices(ctx):
 def watching(model):
     """Records (role, path, kernel, module, output) of every PositionAttention call of ``model``."""
     from fairseq_pe.models.attention import PositionAttention
-    from fairseq_pe.models.attention_probe import recording
+    from fairseq_pe.diagnostics.attention_calls import recording
 
     seen, hooks = [], []
     modules = [m for m in model.modules() if isinstance(m, PositionAttention)]
@@ -631,13 +631,13 @@ def check_incremental(ctx, system):
 
 
 def check_positions(ctx, system):
-    """What half precision changes in what positions change (:mod:`fairseq_pe.models.precision_probe`): on a padded
+    """What half precision changes in what positions change (:mod:`fairseq_pe.diagnostics.precision`): on a padded
     batch, per-token log-probabilities and the gradients of the position parameters in fp16 and bf16 against the
-    same weights in float32 on the device, within :data:`~fairseq_pe.models.precision_probe.DEFAULT_TOLERANCES`,
+    same weights in float32 on the device, within :data:`~fairseq_pe.diagnostics.precision.DEFAULT_TOLERANCES`,
     at which a missing or wrong bias fails (measured on the CPU: tests/test_half_precision_training.py).  A batch on
     which the probe cannot see the encoding missing (removing it moves the log-probs by less than the margin and it
     has no parameters: a weak bias at initialisation) is reported as ``insensitive`` in the details, not failed."""
-    from fairseq_pe.models.precision_probe import DEFAULT_TOLERANCES, compare_precisions
+    from fairseq_pe.diagnostics.precision import DEFAULT_TOLERANCES, compare_precisions
 
     task, model = ctx.build(system)
     sample = padded_batch(task.target_dictionary, "cpu", *lengths(ctx))
@@ -972,7 +972,7 @@ register(Check("forward", "log-probabilities in each dtype on the device within 
 register(Check("incremental", "step-by-step decoding within INCREMENTAL_TOLERANCE of the full pass, per dtype",
                check_incremental, lambda ctx: ctx.systems(SYSTEM_ORDER), {"cuda": 6.0, "cpu": 2.0}))
 register(Check("positions", "what positions change survives half precision: per-token log-probabilities and the "
-               "position parameters' gradients in fp16 and bf16 against float32 within precision_probe's tolerances",
+               "position parameters' gradients in fp16 and bf16 against float32 within the precision diagnostics' tolerances",
                check_positions, lambda ctx: ctx.systems(SYSTEM_ORDER), {"cuda": 4.0, "cpu": 3.0}))
 register(Check("ddp", "2 processes, c10d and legacy_ddp (NCCL with 2+ GPUs; gloo on 1 GPU or the CPU): both ranks, "
                "every update, finite and agreeing losses", check_ddp, ddp_systems, {"cuda": 40.0, "cpu": 25.0}))

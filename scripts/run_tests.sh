@@ -10,4 +10,4 @@ PY=$("${PYTHON:-python3}" scripts/python_env.py 2>/dev/null)
 export PATH="$(dirname "$PY"):$PATH"  # its console scripts (fairseq-train, fairseq-pe-*), as if activated
 # one worker process per core (pytest-xdist; `-n 0` runs everything in this process); --dist worksteal: a worker
 # that runs out of tests takes some of the other's, so no core idles behind a slow last test
-exec "$PY" -m pytest -q -p no:cacheprovider -n auto --dist worksteal tests "$@"
+exec "$PY" -m pytest -q -p no:cacheprovider -n auto --dist worksteal --durations=30 tests "$@"

@@ -8,7 +8,7 @@
 
 For each system a 2+2-layer ``transformer_pe`` runs one forward pass on the CPU over a padded batch (sources of
 different lengths, left-padded; targets right-padded) and an unpadded one, in training (autograd on, dropout on) and
-in evaluation (``torch.no_grad``, as fairseq validates), and :mod:`fairseq_pe.models.attention_probe` records each
+in evaluation (``torch.no_grad``, as fairseq validates), and :mod:`fairseq_pe.diagnostics.attention_calls` records each
 attention call.  The arguments, not the kernel, are recorded: they are the same on any device (the CUDA-only
 choices of :mod:`fairseq_pe.models.attention` are named in the legend), and they decide the CUDA kernel:
 
@@ -20,9 +20,10 @@ choices of :mod:`fairseq_pe.models.attention` are named in the legend), and they
 * ``blockwise``, ``explicit``, ``fairseq``: no SDPA kernel (matrix products; fairseq's own Python path for the
   cross-attention whose weights the decoder returns, as stock fairseq).
 
-``--cuda-choices`` runs the same on the CPU with the attention's two device tests answering as on CUDA
-(:func:`~fairseq_pe.models.attention.mask_gradient_fused`: a mask with a gradient goes to SDPA;
-:func:`~fairseq_pe.models.attention.aligned_rows`: masks with rows aligned for the memory-efficient kernel).
+``--cuda-choices`` runs the same on the CPU with two of the attention's capabilities answering as on CUDA
+(:mod:`fairseq_pe.models.capabilities`, injected by :func:`fairseq_pe.diagnostics.capabilities.as_on_cuda`:
+``mask_gradient_fused``, a mask with a gradient goes to SDPA; ``aligned_rows``, masks with rows aligned for the
+memory-efficient kernel).
 """
 
 import argparse
@@ -64,11 +65,12 @@ def build_model(data, system):
     return task.build_model(cfg.model), task
 
 
-def arguments(data, system):
-    """(batch, mode) -> role -> the codes of :func:`~fairseq_pe.models.attention_probe.argument_summary`."""
+def arguments(data, system, cuda=False):
+    """(batch, mode) -> role -> the codes of :func:`~fairseq_pe.diagnostics.attention_calls.argument_summary`."""
     import torch
 
-    from fairseq_pe.models.attention_probe import argument_summary, recording
+    from fairseq_pe.diagnostics.attention_calls import argument_summary, recording
+    from fairseq_pe.diagnostics.capabilities import as_on_cuda
 
     model, task = build_model(data, system)
     dictionary = task.source_dictionary
@@ -77,34 +79,26 @@ def arguments(data, system):
     out = {}
     for batch, mode in SETTINGS:
         model.train(mode == "train")
-        with recording(model) as calls, torch.set_grad_enabled(mode == "train"):
+        with recording(model) as calls, torch.set_grad_enabled(mode == "train"), \
+                (as_on_cuda(model, only=CUDA_CHOICES) if cuda else contextlib.nullcontext()):
             model(**batches[batch]["net_input"])
         out[(batch, mode)] = argument_summary(calls)
     return out
 
 
-@contextlib.contextmanager
-def cuda_choices():
-    """Within the block, the attention's device tests answer as on CUDA (module docstring)."""
-    from fairseq_pe.models import attention
-
-    saved = attention.mask_gradient_fused, attention.aligned_rows
-    attention.mask_gradient_fused = attention.aligned_rows = lambda device: True
-    try:
-        yield
-    finally:
-        attention.mask_gradient_fused, attention.aligned_rows = saved
+#: the capabilities that ``--cuda-choices`` answers as on CUDA (FlexAttention's stay the CPU's: its forward only)
+CUDA_CHOICES = ("mask_gradient_fused", "aligned_rows")
 
 
 def measure(systems, cuda=False):
-    """system -> (batch, mode) -> role -> codes; with ``cuda``, under :func:`cuda_choices`."""
+    """system -> (batch, mode) -> role -> codes; with ``cuda``, :data:`CUDA_CHOICES` answered as on CUDA."""
     import fairseq_pe  # noqa: F401  (the plugin and its fixes)
 
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
-    with tempfile.TemporaryDirectory() as root, (cuda_choices() if cuda else contextlib.nullcontext()):
+    with tempfile.TemporaryDirectory() as root:
         data = dictionary_dir(root)
-        return {system: arguments(data, system) for system in systems}
+        return {system: arguments(data, system, cuda) for system in systems}
 
 
 def cell(summary) -> str:

@@ -15,7 +15,7 @@ from fairseq_pe.positional.pass_state import PassOwnerError, pass_scope
 
 from helpers import build_model, largest_tensor_created, random_tokens
 from passes import recorded_passes
-from test_differential_matrix import Case, batch, build
+from test_differential_matrix import NAMES, Case, batch, build
 
 TINY = ["--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
         "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2"]
@@ -68,12 +68,13 @@ def test_checkpointed_gradients_with_attention_dropout_are_the_losss(name, monke
     assert abs(analytic - numeric) <= 5e-3 * max(1.0, abs(numeric)), (analytic, numeric)
 
 
-def serial_and_threaded(models, inputs, pad, rounds=20):
-    """Each (model, input) evaluated alone, and all of them at once in threads, ``rounds`` times each."""
+def serial_and_threaded(models, inputs, pad, rounds=20, grad=False):
+    """Each (model, input) evaluated alone, and all of them at once in threads, ``rounds`` times each (``grad``:
+    with autograd on, as a training pass records)."""
 
     def run(model, src):
-        with torch.no_grad():
-            return model.encoder(src, src.ne(pad).sum(1))["encoder_out"][0].clone()
+        with torch.set_grad_enabled(grad):
+            return model.encoder(src, src.ne(pad).sum(1))["encoder_out"][0].detach().clone()
 
     serial = [run(m, x) for m, x in zip(models, inputs)]
     results, errors = [[] for _ in models], []
@@ -108,6 +109,26 @@ def test_two_models_and_one_model_evaluated_in_threads_give_their_serial_outputs
         for want, runs in zip(serial, threaded):
             for got in runs:
                 torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+#: with autograd on, the systems whose per-pass state differs from evaluation's (FLOATER's solve of the pass, per
+#: thread, against evaluation's cached solution), and one bias and one rotation: the pass itself is the same
+WITH_GRAD = ("floater", "floater-bias", "t5", "rope")
+
+
+@pytest.mark.parametrize("name, grad", [(name, False) for name in NAMES] + [(name, True) for name in WITH_GRAD],
+                         ids=[*NAMES, *(f"{name}-grad" for name in WITH_GRAD)])
+def test_every_system_in_two_threads_gives_its_serial_outputs(name, grad):
+    """One model of each system of the catalogue, in two threads with inputs of different lengths and padding,
+    gives exactly its serial outputs, without autograd (evaluation: FLOATER's cached solution) and with it (a
+    training pass: FLOATER's solve of the pass, per thread)."""
+    torch.set_num_threads(1)
+    model, d = build(name, "encoder")
+    short, long = random_tokens(d, 2, 6, left_pad=(0, 2)), random_tokens(d, 3, 11, seed=1, left_pad=(0, 3, 1))
+    serial, threaded = serial_and_threaded((model, model), (short, long), d.pad(), rounds=3, grad=grad)
+    for want, runs in zip(serial, threaded):
+        for got in runs:
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_an_attention_refuses_a_pass_of_another_model():

@@ -123,7 +123,7 @@ def test_the_loss_and_accuracy_are_the_answers_only():
     with pytest.raises(ValueError, match="--answer-tokens 0"):
         AnswerCrossEntropyCriterion(task, 0)
     # no host sync in a training step's loss, forward and backward (stock cross_entropy makes none either)
-    from fairseq_pe.models.op_count import counting as count_ops
+    from fairseq_pe.diagnostics.op_count import counting as count_ops
 
     leaf = logits.clone().requires_grad_()
     with count_ops() as ops:

@@ -294,7 +294,7 @@ def test_the_fixed_grid_solver_is_torchdiffeqs_without_host_syncs(solver, subste
     torchdiffeq's loop (about 4 host syncs per position)."""
     import torchdiffeq
 
-    from fairseq_pe.models.op_count import counting
+    from fairseq_pe.diagnostics.op_count import counting
     from fairseq_pe.positional.floater import FloaterDynamics, _StackedField, _fixed_grid, _refined_grid
 
     torch.manual_seed(0)

@@ -137,12 +137,12 @@ def test_an_injected_fault_fails_the_check_and_names_the_encoding(tmp_path, monk
 
 
 def test_a_half_precision_model_without_its_bias_fails_the_positions_check(tmp_path, monkeypatch):
-    """The positions check (fairseq_pe.models.precision_probe through gpu_check): ALiBi's positions switched off in
+    """The positions check (fairseq_pe.diagnostics.precision through gpu_check): ALiBi's positions switched off in
     the fp16/bf16 model only (the probe's own fault hook, entered around the half-precision passes) fail it for both
     precisions, naming alibi; the sinusoidal APE in the same run passes, and without the fault alibi passes."""
     import functools
 
-    from fairseq_pe.models import precision_probe
+    from fairseq_pe.diagnostics import precision as precision_probe
 
     gpu_check = load()
     argv = ["--device", "cpu", "--systems", "ape-sinusoidal", "alibi", "--checks", "positions"]

@@ -2,7 +2,7 @@
 
 A comparison of training losses cannot see a wrong position: removing ALiBi entirely moves the tiny model's loss by
 0.08 %, within what fp16 and bf16 move it.  The checks here compare what positions change
-(:mod:`fairseq_pe.models.precision_probe`):
+(:mod:`fairseq_pe.diagnostics.precision`):
 
 * ``test_half_precision_sees_positions``: on a padded batch (source padded left, target right, as fairseq batches
   them) the per-token log-probabilities of the fp16 and bf16 model against the same weights in float32, and the
@@ -10,7 +10,7 @@ A comparison of training losses cannot see a wrong position: removing ALiBi enti
   FIRE, relative vectors, FLOATER's initial values and dynamics ...); then, through fairseq's own trainer and
   optimizers (``FP16Optimizer`` for ``--fp16``, its bf16 form, ``MemoryEfficientFP16Optimizer``), one update in each
   precision from the same weights, seed and batch, and the gradient each optimizer applied to each position
-  parameter against float32's.  The tolerances (:data:`~fairseq_pe.models.precision_probe.DEFAULT_TOLERANCES`,
+  parameter against float32's.  The tolerances (:data:`~fairseq_pe.diagnostics.precision.DEFAULT_TOLERANCES`,
   :data:`TRAINER_TOLERANCE`) are set from the measured noise with margin, and the batch is one where the encoding
   matters: removing it moves the log-probs by ``margin`` (1.5) tolerances or more, or it has parameters (removing it
   takes their whole gradient).  Measured on this model and batch, CPU (Δlp: max |Δ log p| against the same weights
@@ -70,7 +70,7 @@ import math
 import pytest
 import torch
 
-from fairseq_pe.models.precision_probe import (DEFAULT_TOLERANCES, compare_precisions, gradient_deviations,
+from fairseq_pe.diagnostics.precision import (DEFAULT_TOLERANCES, compare_precisions, gradient_deviations,
                                                position_owners, position_parameters, positions_removed,
                                                positions_shifted)
 from fairseq_pe import systems as catalogue

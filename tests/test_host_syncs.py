@@ -5,7 +5,7 @@ depends on the data, a copy to the host), and step-by-step decoding is bound by 
 Targets: no encoding syncs more than stock fairseq's own code in a training step (forward, backward, gradient norm,
 optimizer step through fairseq's Trainer), in an encoder pass in evaluation or in a decoding step; a decoding step
 runs at most 1.15× the operators of the sinusoidal APE's (1.5× for FoX, CoPE, DAPE and ReRoPE, which compute the
-logits themselves from the layer's data or from two products of every key: ``count_ops.OWN_LOGITS``).  The counter itself (``fairseq_pe/models/op_count.py``)
+logits themselves from the layer's data or from two products of every key: ``count_ops.OWN_LOGITS``).  The counter itself (``fairseq_pe/diagnostics/op_count.py``)
 sees on the CPU what syncs on a GPU only, and takes the package's CUDA-only branches.
 """
 
@@ -42,7 +42,7 @@ def test_no_encoding_syncs_more_than_stock_or_decodes_with_more_operators_than_i
 
 def test_the_counter_sees_a_sync():
     """The counter itself: ``.item()`` and ``bool()`` of a tensor are syncs, views are no kernels."""
-    from fairseq_pe.models.op_count import counting
+    from fairseq_pe.diagnostics.op_count import counting
 
     x = torch.arange(6.0)
     with counting() as c:
@@ -80,7 +80,7 @@ SYNCS = {
 
 @pytest.mark.parametrize("call", list(SYNCS))
 def test_the_counter_sees_each_kind_of_sync(call):
-    from fairseq_pe.models.op_count import counting
+    from fairseq_pe.diagnostics.op_count import counting
 
     fn, expected = SYNCS[call]
     with counting() as c:
@@ -93,9 +93,7 @@ def test_copies_of_device_tensors_to_the_host_are_syncs():
     that reach torch's kernels are counted as such, once (not again as a host read)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fairseq_pe.models.op_count import counting
-
-    import fairseq_pe.models.attention  # noqa: F401  (imported before the fake mode: counting patches it)
+    from fairseq_pe.diagnostics.op_count import counting
 
     with FakeTensorMode():
         y = torch.empty(4, device="cuda")
@@ -110,19 +108,50 @@ def test_copies_of_device_tensors_to_the_host_are_syncs():
 
 
 def test_counted_steps_take_the_cuda_branches():
-    """Within the count, the package's predicates of the device type answer as on CUDA, and the code takes CUDA's
-    way: a mask laid out with rows aligned for the memory-efficient kernel."""
-    from fairseq_pe.models import attention
-    from fairseq_pe.models.op_count import counting
+    """Within the count, the counted model's attentions answer every capability as on CUDA and take CUDA's way (the
+    ALiBi mask handed to SDPA laid out with rows aligned for the memory-efficient kernel); a model that is not
+    counted keeps the CPU's answers in the same block (capabilities injected, not patched), and the counted one gets
+    them back after it."""
+    from fairseq_pe.diagnostics.attention_calls import recording
+    from fairseq_pe.diagnostics.op_count import counting
+    from fairseq_pe.models.attention import MASK_ALIGNMENT
+    from fairseq_pe.models.capabilities import PREDICATES
 
+    counted, d = build_model("--pe-relative", "alibi")
+    other, _ = build_model("--pe-relative", "alibi")
     cpu = torch.device("cpu")
-    mask = torch.zeros(2, 1, 3, 5)
-    assert not attention.aligned_rows(cpu) and not attention.mask_gradient_fused(cpu)
-    assert attention.kernel_layout(mask, torch.float32).stride(-2) == 5
-    with counting():
-        assert attention.aligned_rows(cpu) and attention.mask_gradient_fused(cpu)
-        assert attention.kernel_layout(mask, torch.float32).stride(-2) == attention.MASK_ALIGNMENT
-    assert not attention.aligned_rows(cpu) and not attention.mask_gradient_fused(cpu)
+
+    def answers(model):
+        return {getattr(model.encoder.layers[0].self_attn.capabilities, name)(cpu) for name in PREDICATES}
+
+    def masks(model):
+        src = random_tokens(d, 2, 7, left_pad=(0, 2))
+        with torch.no_grad(), recording(model) as calls:
+            model.encoder(src, torch.tensor([7, 5]))
+        return [c for c in calls if c.mask_shape is not None]
+
+    assert answers(counted) == {False}
+    assert not all(c.mask_aligned(MASK_ALIGNMENT) for c in masks(counted))
+    with counting(counted):
+        assert answers(counted) == {True} and answers(other) == {False}
+        inside = masks(counted)
+        assert inside and all(c.mask_aligned(MASK_ALIGNMENT) for c in inside)
+        assert not all(c.mask_aligned(MASK_ALIGNMENT) for c in masks(other))
+    assert answers(counted) == {False}
+
+
+def test_the_injected_capabilities_answer_every_predicate():
+    """``PREDICATES`` names every public method of ``DeviceCapabilities`` (so a new device decision is taken as on
+    CUDA in a count the day it is added), and ``AsOnCuda`` answers each."""
+    from fairseq_pe.diagnostics.capabilities import AsOnCuda
+    from fairseq_pe.models.capabilities import PREDICATES, DeviceCapabilities
+
+    assert set(PREDICATES) == {n for n in vars(DeviceCapabilities) if not n.startswith("_")}
+    cpu = torch.device("cpu")
+    assert all(getattr(AsOnCuda(), name)(cpu) for name in PREDICATES)
+    assert [getattr(AsOnCuda(only=["aligned_rows"]), name)(cpu) for name in PREDICATES] == [True, False, False, False]
+    with pytest.raises(ValueError, match="not a device predicate"):
+        AsOnCuda(only=["flash"])
 
 
 #: code of the package that branches on the device type outside the training and decoding steps, or that takes the
@@ -166,20 +195,20 @@ def device_branches(path):
 
 
 def test_every_branch_on_the_device_type_is_counted_as_on_cuda():
-    """The count takes CUDA's branches through the predicates of ``op_count.CUDA_BRANCHES``: every other test of the
-    device type in the package is outside the training and decoding steps (``DEVICE_BRANCHES_OUTSIDE_STEPS``).  A
-    new one must be made one of these predicates (or listed, with the reason)."""
-    from fairseq_pe.models.op_count import CUDA_BRANCHES
+    """The count takes CUDA's branches through the attention's capabilities (``fairseq_pe/models/capabilities.py``):
+    every other test of the device type in the package is outside the training and decoding steps
+    (``DEVICE_BRANCHES_OUTSIDE_STEPS``), or in the instruments (``fairseq_pe/diagnostics/``, which no step calls).  A
+    new one must be made one of these capabilities (or listed, with the reason)."""
+    from fairseq_pe.models.capabilities import PREDICATES
 
-    counted = {f"fairseq_pe/{module.split('.', 1)[1].replace('.', '/')}.py:{name}"
-               for module, name in (branch.split(":") for branch in CUDA_BRANCHES)}
+    counted = {f"fairseq_pe/models/capabilities.py:DeviceCapabilities.{name}" for name in PREDICATES}
     found, unlisted = set(), []
     package = os.path.join(REPO, "fairseq_pe")
     for root, _, files in os.walk(package):
         for name in sorted(files):
             path = os.path.join(root, name)
             relative = os.path.relpath(path, REPO)
-            if not name.endswith(".py") or relative == "fairseq_pe/models/op_count.py":
+            if not name.endswith(".py") or relative.startswith("fairseq_pe/diagnostics/"):
                 continue
             for function, line in device_branches(path):
                 site = f"{relative}:{function}"
@@ -187,14 +216,14 @@ def test_every_branch_on_the_device_type_is_counted_as_on_cuda():
                 if site not in counted and site not in DEVICE_BRANCHES_OUTSIDE_STEPS:
                     unlisted.append(f"{relative}:{line} (in {function})")
     assert not unlisted, "branches on the device type that the count does not take as on CUDA: " + ", ".join(unlisted)
-    assert counted <= found, f"CUDA_BRANCHES names predicates that test no device type: {counted - found}"
+    assert counted <= found, f"PREDICATES names capabilities that test no device type: {counted - found}"
 
 
 def test_randomised_positions_add_no_sync_to_an_evaluation_pass():
     """In evaluation the encoder draws each sentence's positions from its tokens, on the device: its pass syncs as
     often as the same model's without randomised positions (issue 39: it copied the tokens to the host and hashed
     each sentence there, 2 + 2 per row)."""
-    from fairseq_pe.models.op_count import counting
+    from fairseq_pe.diagnostics.op_count import counting
     from fairseq_pe.positional.injector import token_positions
     from fairseq_pe.positional.random_positions import sample_positions
 
@@ -202,7 +231,7 @@ def test_randomised_positions_add_no_sync_to_an_evaluation_pass():
     for name, flags in (("plain", []), ("random", ["--pe-random-positions", "64"])):
         model, d = build_model("--pe-absolute", "sinusoidal", *flags)
         src = random_tokens(d, 4, 9, left_pad=(0, 2, 5, 0))
-        with torch.no_grad(), recorded_passes(model.encoder.embed_positions) as built, counting() as passes[name]:
+        with torch.no_grad(), recorded_passes(model.encoder.embed_positions) as built, counting(model) as passes[name]:
             model.encoder(src, torch.tensor([9, 7, 4, 9]))
     positions = built[-1].positions
     assert int(positions.max()) > 8  # the pass did draw (0 .. n−1 would stay below 9)

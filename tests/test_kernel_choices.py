@@ -16,7 +16,8 @@ import torch
 
 import fairseq_pe.models.attention as attention_module
 from fairseq_pe import systems as catalogue
-from fairseq_pe.models.attention_probe import recording
+from fairseq_pe.diagnostics.attention_calls import recording
+from fairseq_pe.diagnostics.capabilities import as_on_cuda
 
 from helpers import REPO, build_model, load_script, random_tokens
 
@@ -45,9 +46,10 @@ def test_the_table_shows_the_kernels_arguments():
     assert measured["t5"][("unpadded", "train")]["encoder-self"] == "blockwise"  # CPU: the mask's gradient
 
 
-def cuda_choices(monkeypatch):
-    monkeypatch.setattr(attention_module, "mask_gradient_fused", lambda device: True)
-    monkeypatch.setattr(attention_module, "aligned_rows", lambda device: True)
+def cuda_choices(model):
+    """The attention's capabilities of SDPA's masks answered as on CUDA for the block (FlexAttention's stay the CPU's:
+    its forward only)."""
+    return as_on_cuda(model, only=("mask_gradient_fused", "aligned_rows"))
 
 
 def train_pass(model, d, src, tgt):
@@ -80,8 +82,7 @@ def test_cuda_choices_train_fused_with_the_blockwise_gradients(name, checkpointe
             cpu = train_pass(model, d, src, tgt)
             for key in reference[1]:
                 torch.testing.assert_close(cpu[1][key], reference[1][key], rtol=1e-4, atol=1e-6, msg=key)
-        with monkeypatch.context() as patch:
-            cuda_choices(patch)
+        with monkeypatch.context() as patch, cuda_choices(model):
             builds = []
             relative = model.encoder.embed_positions.relative
             original = type(relative).position_bias
@@ -111,13 +112,12 @@ def test_cuda_choices_train_fused_with_the_blockwise_gradients(name, checkpointe
             torch.testing.assert_close(fused[1][key], reference[1][key], rtol=1e-4, atol=1e-6, msg=key)
 
 
-def test_aligned_masks_hold_the_same_values(monkeypatch):
+def test_aligned_masks_hold_the_same_values():
     bias = torch.randn(4, 5, 13)
     plain = attention_module.merged_mask(None, torch.tensor([[False] * 10 + [True] * 3] * 2), bias, 2, 5, 13,
                                          torch.float16)
-    monkeypatch.setattr(attention_module, "aligned_rows", lambda device: True)
     aligned = attention_module.merged_mask(None, torch.tensor([[False] * 10 + [True] * 3] * 2), bias, 2, 5, 13,
-                                           torch.float16)
+                                           torch.float16, aligned=True)
     assert aligned.shape == plain.shape == (2, 4, 5, 13) and aligned.dtype == torch.float16
     assert aligned.stride(-1) == 1 and aligned.stride(-2) == 16 and aligned.stride(1) % 16 == 0
     assert torch.equal(aligned, plain)

@@ -7,6 +7,7 @@ import contextlib
 import pytest
 import torch
 
+from fairseq_pe.diagnostics.attention_calls import recording
 from fairseq_pe.models import attention
 from tests.helpers import ALL_ENCODINGS, build_model, random_tokens
 
@@ -57,12 +58,10 @@ def test_blocks_equal_sdpa(name, dtype, small_blocks):
     prev = random_tokens(d, 3, 10, seed=1)
     prev[2, 6:] = d.pad()  # a padded target row: its keys masked, its rows still see their past
     lengths = torch.tensor([11, 7, 4])
-    calls = []
-    with torch.no_grad(), attention.observing(lambda module, path, **kw: calls.append(path)):
+    with torch.no_grad(), recording(blocks) as calls:
         expected = outputs(reference.to(dtype), d, src, lengths, prev)
-        calls.clear()
         got = outputs(blocks.to(dtype), d, src, lengths, prev)
-    assert "blocks" in calls
+    assert "blocks" in [c.path for c in calls]
     tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 5e-2, "atol": 5e-2}
     for e, g in zip(expected, got):
         assert torch.isfinite(g).all()
@@ -134,14 +133,12 @@ def test_flex_kernel_equals_sdpa_in_a_model(name, eager_flex):
     src = random_tokens(d, 2, 11, left_pad=(0, 4))
     prev = random_tokens(d, 2, 9, seed=1)
     lengths = torch.tensor([11, 7])
-    calls = []
-    with torch.no_grad(), attention.observing(lambda module, path, **kw: calls.append((module.self_attention, path))):
+    with torch.no_grad(), recording(model) as calls:
         expected = outputs(reference, d, src, lengths, prev)
-        calls.clear()
         got = outputs(model, d, src, lengths, prev)
     # self-attention; fairseq's decoder asks the cross-attention for its weights in evaluation, which its own path
     # returns
-    assert [path for self_attention, path in calls if self_attention] == ["flex"] * 4, calls
+    assert [c.path for c in calls if c.role != "cross"] == ["flex"] * 4, calls
     for e, g in zip(expected, got):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
 
@@ -154,15 +151,13 @@ def test_flex_falls_back_where_it_cannot(caplog):
     attention._logged_choices.clear()
     model, d = build_model(*ALL_ENCODINGS["rpe-learned"], overrides={"pe_attention_kernel": "flex"})
     src = random_tokens(d, 2, 7)
-    calls = []
-    with caplog.at_level(logging.INFO, logger="fairseq_pe.models.attention"), \
-            attention.observing(lambda module, path, **kw: calls.append(path)):
+    with caplog.at_level(logging.INFO, logger="fairseq_pe.models.attention"), recording(model) as calls:
         with torch.no_grad():
             model.encoder(src, torch.tensor([7, 7]))
             model.encoder(src, torch.tensor([7, 7]))
         model.train()
         model.encoder(src, torch.tensor([7, 7]))
-    assert "flex" not in calls
+    assert calls and "flex" not in [c.path for c in calls]
     lines = [r.getMessage() for r in caplog.records if "--pe-attention-kernel" in r.getMessage()]
     assert any("value vectors" in line for line in lines), lines
     assert len(lines) == len(set(lines)), lines  # each choice once
@@ -202,7 +197,7 @@ def test_which_path_each_kernel_takes(monkeypatch):
     """``--pe-attention-kernel``'s choices (docs/speed.md's table), with CUDA's branches simulated: ``auto`` keeps
     today's paths for small calls, takes blocks in long evaluation and FlexAttention for a learned bias's long
     training on CUDA only; ``sdpa`` never changes path."""
-    from fairseq_pe.models.op_count import cuda_branches
+    from fairseq_pe.diagnostics.capabilities import as_on_cuda
 
     monkeypatch.setattr(attention, "AUTO_BLOCKS_ELEMENTS", 1000)
     monkeypatch.setattr(attention, "AUTO_FLEX_ELEMENTS", 1000)
@@ -220,7 +215,7 @@ def test_which_path_each_kernel_takes(monkeypatch):
         try:
             chosen = set()
             for grad in (True, False):
-                with torch.set_grad_enabled(grad), (cuda_branches() if cuda else contextlib.nullcontext()):
+                with torch.set_grad_enabled(grad), (as_on_cuda(attn) if cuda else contextlib.nullcontext()):
                     chosen.add(attn.plan(relative, 1, length, length, None, None, q.device))
         finally:
             attn.eval()

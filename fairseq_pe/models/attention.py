@@ -49,7 +49,7 @@ cumulative forget gates), which step-by-step decoding keeps in fairseq's ``incre
 
 import contextlib
 import logging
-from typing import Callable, Dict, NamedTuple, Optional
+from typing import Dict, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +60,7 @@ from fairseq import utils
 from fairseq.modules import MultiheadAttention
 
 from fairseq_pe.models import flex
+from fairseq_pe.models.capabilities import DEVICE, DeviceCapabilities
 from fairseq_pe.positional.pass_state import BlockMaskKey, MaskKey, RelativeRows, current_pass
 
 logger = logging.getLogger(__name__)
@@ -96,26 +97,6 @@ def log_choice_once(requested: str, chosen: str, why: str):
     if key not in _logged_choices:
         _logged_choices.add(key)
         logger.info(f"--pe-attention-kernel {requested}: {chosen} ({why})")
-
-#: within :func:`observing`, called as ``observer(attention, path, **details)`` by every call of a
-#: :class:`PositionAttention`, with the path it takes ("fused", "blockwise", "explicit", or "fairseq": fairseq's own
-#: Python implementation) and, on the fused path, what it hands to torch's kernel (q, k, v, attn_mask, dropout_p,
-#: is_causal); see :mod:`fairseq_pe.models.attention_probe`.  A module variable set only by :func:`observing` (not a
-#: ContextVar, whose ``get`` breaks ``torch.compile``'s graph at every attention)
-_observer: Optional[Callable] = None
-
-
-@contextlib.contextmanager
-def observing(observer: Callable):
-    """Within the block, every call of a :class:`PositionAttention` is reported to ``observer``; the observer of an
-    enclosing block is restored at its end."""
-    global _observer
-    outer, _observer = _observer, observer
-    try:
-        yield observer
-    finally:
-        _observer = outer
-
 
 def autocast_off(device: torch.device, off: bool = True):
     """A region where autocast (fairseq's ``--amp``: CUDA's autocast to fp16) leaves the dtypes as they are, where
@@ -155,13 +136,14 @@ def saturated(bias: Tensor, masking: Optional[Tensor], dtype, shift: bool = True
 
 
 def merged_mask(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], bias: Optional[Tensor],
-                bsz: int, tgt_len: int, src_len: int, dtype, shift: bool = True) -> Optional[Tensor]:
+                bsz: int, tgt_len: int, src_len: int, dtype, shift: bool = True,
+                aligned: bool = False) -> Optional[Tensor]:
     """One additive mask of ``dtype`` for the logits, broadcastable to (B, H, T, S): fairseq's ``attn_mask``
     (T, S), the padding (B, S, True at padding) and a position bias (H, T, S), or (B, H, T, S) for a bias per
     row (:func:`saturated`), summed in float32 (float64 for a float64 ``dtype``: never below the logits' precision).
     Each keeps its own size ((1, 1, T, S), (B, 1, 1, S), (1, H, T, S)); the sum has the batch dimension only with
     padding."""
-    summed = torch.promote_types(torch.float32, dtype)
+    summed = torch.float64 if dtype == torch.float64 else torch.float32  # torch.promote_types is an operator
     masking = None
     if attn_mask is not None:
         masking = attn_mask.to(summed).view(1, 1, tgt_len, src_len)
@@ -175,7 +157,7 @@ def merged_mask(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
         bias = bias.unsqueeze(0) if bias.dim() == 3 else bias  # (B, H, T, S): a bias per row (FIRE's offsets)
         bias = saturated(bias, masking, dtype, shift)
         mask = bias if masking is None else bias + masking
-    return None if mask is None else kernel_layout(mask, dtype)
+    return None if mask is None else kernel_layout(mask, dtype, aligned)
 
 
 #: the alignment (in elements) of a mask's rows that CUDA's memory-efficient kernel reads in place (torch's
@@ -183,17 +165,13 @@ def merged_mask(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
 MASK_ALIGNMENT = 16
 
 
-def aligned_rows(device) -> bool:
-    """Whether masks on ``device`` are laid out with aligned rows (:func:`kernel_layout`): on CUDA."""
-    return device.type == "cuda"
-
-
-def kernel_layout(mask: Tensor, dtype) -> Tensor:
+def kernel_layout(mask: Tensor, dtype, aligned: bool = False) -> Tensor:
     """``mask`` in ``dtype`` laid out as torch's kernels read it without a copy: the last dimension contiguous and,
-    where :func:`aligned_rows`, each row starting at a multiple of :data:`MASK_ALIGNMENT` elements (a view of
+    where ``aligned`` (:meth:`~fairseq_pe.models.capabilities.DeviceCapabilities.aligned_rows`), each row starting
+    at a multiple of :data:`MASK_ALIGNMENT` elements (a view of
     (..., S) into storage of (..., S rounded up)).  One copy, the cast's own."""
     src_len = mask.size(-1)
-    if not aligned_rows(mask.device):
+    if not aligned:
         return mask.to(dtype).contiguous()
     if mask.stride(-1) == 1 and mask.dtype == dtype and all(
             stride % MASK_ALIGNMENT == 0 or size == 1 for stride, size in zip(mask.stride()[:-1], mask.shape[:-1])):
@@ -201,13 +179,6 @@ def kernel_layout(mask: Tensor, dtype) -> Tensor:
     width = -(-src_len // MASK_ALIGNMENT) * MASK_ALIGNMENT
     laid_out = mask.new_empty(*mask.shape[:-1], width, dtype=dtype)[..., :src_len]
     return laid_out.copy_(mask)
-
-
-def mask_gradient_fused(device) -> bool:
-    """Whether torch's fused kernels on ``device`` give the gradient of a float mask: CUDA's memory-efficient kernel
-    does (T5, KERPLE and FIRE then train on the fused path); on the CPU the gradient needs the probabilities, and
-    the blockwise path computes them in blocks (module docstring)."""
-    return device.type == "cuda"
 
 
 def safe_softmax(logits: Tensor) -> Tensor:
@@ -285,6 +256,10 @@ class PositionAttention(MultiheadAttention):
         #: ``--pe-attention-kernel``: which backend a call takes where several compute it (:meth:`plan`)
         self.kernel = "auto"
 
+    #: what the device's kernels can do (:mod:`fairseq_pe.models.capabilities`): the process's, unless an instrument
+    #: injects others into this module for its block (:mod:`fairseq_pe.diagnostics.capabilities`)
+    capabilities: DeviceCapabilities = DEVICE
+
     @classmethod
     def adopt(cls, attention: MultiheadAttention) -> "PositionAttention":
         """Make a MultiheadAttention that fairseq's ``build_*_attention`` built (with whatever arguments
@@ -334,14 +309,11 @@ class PositionAttention(MultiheadAttention):
         before_softmax: bool = False,
         need_head_weights: bool = False,
     ):
-        observer = _observer
         if not self.uses_relative and (need_weights or need_head_weights or before_softmax or self.bias_k is not None
                                        or self.add_zero_attn or self.onnx_trace or key is None):
             # the weights or logits asked for without a relative encoding (the cross-attention of fairseq's
             # alignment layer, whose rows always have a real key), and what the plugin's backends do not compute:
             # fairseq's own Python implementation, as stock fairseq runs it
-            if observer is not None:
-                observer(self, "fairseq")
             if attn_mask is not None and self.is_future_mask(attn_mask, query.size(0), attn_mask.size(1)):
                 # fairseq's own attention reads the mask whole: the future mask's rows, built (not the stand-in)
                 attn_mask = self.mask_rows(attn_mask, 0, query.size(0), attn_mask.size(1), True).to(query.dtype)
@@ -410,8 +382,6 @@ class PositionAttention(MultiheadAttention):
                     self.is_future_mask(attn_mask, tgt_len, src_len), relative, rows, key_state, out_dtype, float32)
         if backend != "explicit":
             return getattr(self, "_" + backend)(call), None
-        if observer is not None:
-            observer(self, "explicit")
         with autocast_off(q.device, float32):
             out, probs, logits = self._explicit(call, 0, tgt_len, need_probs=True, before_softmax=before_softmax)
         if before_softmax:
@@ -440,17 +410,16 @@ class PositionAttention(MultiheadAttention):
             # a decoding step: the Shaw family's terms folded into the keys and values of one query row, SDPA then
             # computes it (:meth:`_sdpa`); the logits hook's encodings write their logits out
             return "sdpa" if tgt_len == 1 and not relative.own_logits else "explicit"
-        kernel = self.kernel
-        training = self.training
+        kernel, training, capabilities = self.kernel, self.training, self.capabilities
         query_terms = explicit_terms(relative)
         learns = training and relative is not None and relative.bias_requires_grad
         masked = query_terms or (relative is not None and relative.adds_bias) or \
             self.whole_mask(attn_mask, key_padding_mask, tgt_len, src_len)
         elements = bsz * self.num_heads * tgt_len * src_len
-        if not incremental and (kernel == "flex" or (kernel == "auto" and learns and flex.flex_backward(device)
-                                                     and elements > AUTO_FLEX_ELEMENTS)):
+        if not incremental and (kernel == "flex" or (kernel == "auto" and learns and elements > AUTO_FLEX_ELEMENTS
+                                                     and capabilities.flex_backward(device))):
             reason = flex.flex_supported(relative, device, dropout_p=self.dropout_p(), training=training,
-                                         dtype=self.q_proj.weight.dtype)
+                                         dtype=self.q_proj.weight.dtype, capabilities=capabilities)
             if reason is None and attn_mask is not None and not self.is_future_mask(attn_mask, tgt_len, src_len):
                 reason = "an attention mask other than fairseq's future mask"
             if reason is None:
@@ -458,7 +427,7 @@ class PositionAttention(MultiheadAttention):
                 return "flex"
             log_choice_once(kernel, "not flex", reason)
         if training:
-            if query_terms or (learns and (kernel == "blockwise" or not mask_gradient_fused(device))):
+            if query_terms or (learns and (kernel == "blockwise" or not capabilities.mask_gradient_fused(device))):
                 return "blockwise"
             return "sdpa"
         if kernel == "blockwise" or (kernel != "sdpa" and masked and elements > AUTO_BLOCKS_ELEMENTS):
@@ -512,6 +481,7 @@ class PositionAttention(MultiheadAttention):
         q, k, v, relative = call.q, call.k, call.v, call.relative
         bsz, _, tgt_len, src_len = call.sizes
         attn_mask, key_padding_mask, query_offset = call.attn_mask, call.key_padding_mask, call.query_offset
+        aligned = self.capabilities.aligned_rows(q.device)
         if relative is not None and relative.query_terms:  # one query row (plan): q·(k_j + a^K), Σ α (v_j + a^V)
             key_vectors, value_vectors = relative.folded_vectors(src_len, query_offset, self.block, rows=call.rows)
             k, v = k + key_vectors.to(k.dtype), v + value_vectors.to(v.dtype)
@@ -525,7 +495,7 @@ class PositionAttention(MultiheadAttention):
             def mask():
                 bias = relative.position_bias(tgt_len, src_len, query_offset, self.block, rows=call.rows)
                 return merged_mask(self.mask_rows(attn_mask, 0, tgt_len, src_len, call.causal), key_padding_mask,
-                                   bias, bsz, tgt_len, src_len, q.dtype)
+                                   bias, bsz, tgt_len, src_len, q.dtype, aligned=aligned)
 
             gradient = torch.is_grad_enabled() and relative.bias_requires_grad
             key = MaskKey(bsz, tgt_len, src_len, query_offset, relative.bias_key(self.block), q.dtype,
@@ -533,11 +503,8 @@ class PositionAttention(MultiheadAttention):
             mask = call.rows.shared(key, mask, keep_graph=gradient and not relative.recomputed)
         else:
             mask = merged_mask(self.mask_rows(attn_mask, 0, tgt_len, src_len, call.causal), key_padding_mask, None,
-                               bsz, tgt_len, src_len, q.dtype)
+                               bsz, tgt_len, src_len, q.dtype, aligned=aligned)
         p = self.dropout_p()
-        observer = _observer
-        if observer is not None:
-            observer(self, "fused", q=q, k=k, v=v, attn_mask=mask, dropout_p=p, is_causal=causal)
         with autocast_off(q.device, call.float32):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal,
                                                  scale=self.scaling)
@@ -548,12 +515,13 @@ class PositionAttention(MultiheadAttention):
         the Shaw family's and the logits hook's blocks explicitly (:meth:`_blockwise`)."""
         relative = call.relative
         if explicit_terms(relative):
-            return self._blockwise(call, EVAL_BLOCK_ELEMENTS, label="blocks")
+            return self._blockwise(call, EVAL_BLOCK_ELEMENTS)
         q, k, v, rows = call.q, call.k, call.v, call.rows
         bsz, heads, tgt_len, src_len = call.sizes
         attn_mask, key_padding_mask, query_offset, causal = (call.attn_mask, call.key_padding_mask,
                                                              call.query_offset, call.causal)
         bias = relative is not None and relative.adds_bias
+        aligned = self.capabilities.aligned_rows(q.device)
         vector = padding = low = None
         if bias and relative.toeplitz and rows.positions is None:
             # one (H, T + S − 1) vector of the pass's distances, with the causal mask in it (distances j − i > 0) and
@@ -578,7 +546,6 @@ class PositionAttention(MultiheadAttention):
         else:
             per_block = max(EVAL_BLOCK_MIN_ROWS, EVAL_BLOCK_ELEMENTS // max(1, bsz * heads * src_len))
         out = q.new_empty(tgt_len, bsz, heads, q.size(-1))  # the output projection's layout: no copy of it at the end
-        observer = _observer
         for start in range(0, tgt_len, per_block):
             end = min(tgt_len, start + per_block)
             offset = query_offset + start
@@ -596,14 +563,11 @@ class PositionAttention(MultiheadAttention):
                     if bias else None
                 mask = merged_mask(self.mask_rows(attn_mask, start, end, keys, causal),
                                    None if key_padding_mask is None else key_padding_mask[:, :keys], block_bias, bsz,
-                                   end - start, keys, q.dtype, shift=q.dtype != torch.float32)
+                                   end - start, keys, q.dtype, shift=q.dtype != torch.float32, aligned=aligned)
                 del block_bias
             block_q, block_k, block_v = q[:, :, start:end], k[:, :, :keys], v[:, :, :keys]
             if reverse:
                 block_q = block_q.flip(2)
-            if observer is not None:
-                observer(self, "blocks", q=block_q, k=block_k, v=block_v, attn_mask=mask, dropout_p=p,
-                         is_causal=False)
             with autocast_off(q.device, call.float32):
                 block_out = F.scaled_dot_product_attention(block_q, block_k, block_v, attn_mask=mask, dropout_p=p,
                                                            scale=self.scaling)
@@ -615,16 +579,13 @@ class PositionAttention(MultiheadAttention):
     def _flex(self, call: Call) -> Tensor:
         """FlexAttention with the encoding's score_mod (:mod:`fairseq_pe.models.flex`)."""
         p = self.dropout_p()
-        observer = _observer
-        if observer is not None:
-            observer(self, "flex", q=call.q, k=call.k, v=call.v, attn_mask=None, dropout_p=p, is_causal=call.causal)
         with autocast_off(call.q.device, call.float32):
             out = flex.flex_attention_forward(call.relative, call.rows, self.block, call.q, call.k, call.v,
                                               scale=self.scaling, query_offset=call.query_offset, causal=call.causal,
                                               key_padding_mask=call.key_padding_mask, dropout_p=p)
         return self.project_heads(out, call.out_dtype)
 
-    def _blockwise(self, call: Call, elements: int = BLOCK_ELEMENTS, label: str = "blockwise") -> Tensor:
+    def _blockwise(self, call: Call, elements: int = BLOCK_ELEMENTS) -> Tensor:
         """The attention computed explicitly over blocks of query rows (about ``elements`` logits each): each block
         checkpointed where autograd records (backward recomputes one block at a time, with the forward's dropout),
         else written into the output projection's layout.  A block reads only the pass's values of O(T + S)
@@ -632,9 +593,6 @@ class PositionAttention(MultiheadAttention):
         pass."""
         bsz, heads, tgt_len, src_len = call.sizes
         head_dim = call.q.size(-1)
-        observer = _observer
-        if observer is not None:
-            observer(self, label)
         call = call._replace(rows=call.rows.unshared())
         per_block = max(1, elements // max(1, bsz * heads * src_len))
         record = torch.is_grad_enabled()
@@ -687,15 +645,15 @@ class PositionAttention(MultiheadAttention):
         mask = rows.shared(BlockMaskKey(bsz, start, end, offset, src_len,
                                         relative.bias_key(self.block) if relative is not None else None, q.dtype,
                                         attn_mask is not None, key_padding_mask is not None, before_softmax), mask)
-        flat_q = q.reshape(bsz * heads, count, head_dim)
-        if own_logits:  # the logits hook (FoX, CoPE, DAPE): float32 or q's dtype
+        if own_logits:  # the logits hook (FoX, CoPE, DAPE): float32 or q's dtype; its terms are in its logits
             logits = relative.attention_logits(q, k, offset, self.block, rows=rows, state=call.key_state,
                                                masking=mask)
         else:
+            flat_q = q.reshape(bsz * heads, count, head_dim)
             logits = torch.bmm(flat_q, k.reshape(bsz * heads, src_len, head_dim).transpose(1, 2))
             logits = logits.view(bsz, heads, count, src_len)
         # in place from here on: no more (B, H, rows, S) copies (bmm's backward needs q and k, not its output)
-        if relative is not None and not folded:
+        if relative is not None and not folded and not own_logits:
             term = relative.logit_terms(flat_q, count, src_len, offset, self.block, rows=rows)
             if term is not None:
                 logits.add_(term.to(logits.dtype))

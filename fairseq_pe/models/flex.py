@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fairseq_pe.models.capabilities import DEVICE, DeviceCapabilities
 from fairseq_pe.positional.pass_state import FlexBlockMaskKey
 
 try:
@@ -60,10 +61,11 @@ LINEAR_BUCKETS_UP_TO = 1024
 
 
 def flex_supported(relative, device, dropout_p: float = 0.0, training: bool = False,
-                   dtype: Optional[torch.dtype] = None) -> Optional[str]:
+                   dtype: Optional[torch.dtype] = None, capabilities: DeviceCapabilities = DEVICE) -> Optional[str]:
     """None when :func:`flex_attention_forward` computes this attention (``relative``: the side's relative encoding,
     None for none) on ``device``, else why not (for the log).  ``training``: the module's mode (never the grad mode,
-    which differs between a checkpointed forward and its recomputation): the CPU has FlexAttention's forward only."""
+    which differs between a checkpointed forward and its recomputation): the CPU has FlexAttention's forward only.
+    ``capabilities``: the attention's (:mod:`fairseq_pe.models.capabilities`)."""
     if flex_attention is None:
         return f"torch without flex_attention (torch {torch.__version__}; FlexAttention needs torch 2.5 or newer)"
     if relative is not None and relative.query_terms:
@@ -76,23 +78,11 @@ def flex_supported(relative, device, dropout_p: float = 0.0, training: bool = Fa
         return f"{type(relative).__name__} has no score_mod (its bias is neither Toeplitz nor computed in-kernel)"
     if dropout_p > 0:
         return "FlexAttention has no attention dropout (--attention-dropout > 0)"
-    if dtype == torch.float64 and not flex_float64(torch.device(device)):
+    if dtype == torch.float64 and not capabilities.flex_float64(torch.device(device)):
         return "FlexAttention on the CPU computes in float32, fp16 and bf16 only (torch 2.13), not float64"
-    if training and not flex_backward(torch.device(device)):
+    if training and not capabilities.flex_backward(torch.device(device)):
         return "FlexAttention does not support backward on CPU (training on the CPU)"
     return None
-
-
-def flex_backward(device: torch.device) -> bool:
-    """Whether FlexAttention's backward runs on ``device``: on CUDA ("FlexAttention does not support backward on
-    CPU", torch 2.13)."""
-    return device.type == "cuda"
-
-
-def flex_float64(device: torch.device) -> bool:
-    """Whether FlexAttention computes in float64 on ``device``: on CUDA (the CPU's kernel takes float32, fp16 and
-    bf16 only, torch 2.13)."""
-    return device.type == "cuda"
 
 
 def has_score_mod(relative) -> bool:

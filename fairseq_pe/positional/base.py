@@ -73,6 +73,15 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def query_key_products(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """q·kᵀ of (..., T, d) queries against (..., S, d) keys with the same leading dimensions: (..., T, S).  One
+    ``bmm`` over the flattened leading dimensions (``torch.matmul`` of 4-D tensors adds two ``expand`` and a copy's
+    view: two operators more in every decoding step of a logits hook)."""
+    lead = q.shape[:-2]
+    return torch.bmm(q.reshape(-1, q.size(-2), q.size(-1)),
+                     k.reshape(-1, k.size(-2), k.size(-1)).transpose(1, 2)).view(*lead, q.size(-2), k.size(-2))
+
+
 class Float32State(nn.Module):
     """Keeps this module's parameters and buffers (its children's too) in float32 when the model is
     converted to half precision (``.half()``, ``.bfloat16()``, ``.to(dtype)``, fairseq's ``--fp16`` and
@@ -361,7 +370,7 @@ class RelativePositionEncoding(nn.Module):
         it after this method, which reads it only where its own terms must not see hidden keys (CoPE's gates).
         The logits may be float32 whatever q's dtype (the softmax is float32; the probabilities take the values'
         dtype).  Default: q·kᵀ."""
-        return torch.matmul(q, k.transpose(-1, -2))
+        return query_key_products(q, k)
 
     def score_mod(self, tgt_len: int, src_len: int, query_offset: int, block: int, rows: RelativeRows = None,
                   q=None):

@@ -37,7 +37,8 @@ import torch.nn as nn
 
 from fairseq_pe.errors import UserError
 
-from .base import Float32State, RelativePositionEncoding, compute_dtype, option, register_position_encoding
+from .base import (Float32State, RelativePositionEncoding, compute_dtype, option, query_key_products,
+                   register_position_encoding)
 
 
 @register_position_encoding("relative", "cope")
@@ -63,7 +64,7 @@ class ContextualPositions(Float32State, RelativePositionEncoding):
         """(q·k + e)/√d in float32 (float64 in a float64 model) for the scaled queries ``q`` (B, H, T', d); the
         gates see the visible keys of ``masking`` only."""
         dtype = compute_dtype(q.dtype)
-        scaled = torch.matmul(q, k.transpose(-1, -2)).to(dtype)  # q·k/√d: the gates' argument and the logits
+        scaled = query_key_products(q, k).to(dtype)  # q·k/√d: the gates' argument and the logits
         gates = torch.sigmoid(scaled)
         if masking is not None:
             gates = gates * (masking == 0)

@@ -37,7 +37,6 @@ left nor right padding changes a real token's logits.  The reference (a causal l
 has no padding to mask.
 """
 
-import math
 
 import torch
 import torch.nn as nn
@@ -45,7 +44,7 @@ import torch.nn.functional as F
 
 from fairseq_pe.errors import UserError
 
-from .base import Float32State, RelativePositionEncoding, compute_dtype, option
+from .base import Float32State, RelativePositionEncoding, compute_dtype, option, query_key_products
 
 WIDTH = 32
 KERNEL = 3
@@ -112,7 +111,7 @@ class DapeModifier(Float32State, RelativePositionEncoding):
 
     def attention_logits(self, q, k, query_offset, block, rows=None, state=None, masking=None):
         """logits + B + f([logits; B]) in float32 (module docstring), for the scaled queries ``q`` (B, H, T', d)."""
-        logits = torch.matmul(q, k.transpose(-1, -2)).to(compute_dtype(q.dtype))  # (B, H, T', S): scaled, unmasked
+        logits = query_key_products(q, k).to(compute_dtype(q.dtype))  # (B, H, T', S): scaled, unmasked
         count, src_len = logits.shape[-2:]
         bias = self.base.position_bias(count, src_len, query_offset, block, rows=rows).to(logits)  # (H|B·H, T', S)
         index = block - 1
@@ -123,8 +122,14 @@ class DapeModifier(Float32State, RelativePositionEncoding):
         return network.add_(logits).add_(bias)
 
     def _pointwise(self, logits, bias, index):
-        """v1: f over the channels of each (i, j); the bias's share of the first layer computed once for the batch."""
+        """v1: f over the channels of each (i, j); the bias's share of the first layer computed once for the batch
+        (for one query row, a decoding step, one product over [logits; bias], with fewer operators)."""
         heads = self.num_heads
+        bsz, _, count, src_len = logits.shape
+        if count == 1:
+            features = torch.cat([logits, bias.reshape(-1, heads, count, src_len).expand(bsz, -1, -1, -1)], dim=1)
+            hidden = F.linear(features.movedim(1, -1), self.w1[index], self.b1[index])  # (B, 1, S, width)
+            return F.linear(self.activation(hidden), self.w2[index], self.b2[index]).movedim(-1, 1)
         w1 = self.w1[index]
         hidden = F.linear(logits.movedim(1, -1), w1[:, :heads])  # (B, T', S, width)
         hidden = hidden + F.linear(bias.movedim(-3, -1), w1[:, heads:], self.b1[index])  # (.., T', S, width)

@@ -28,6 +28,7 @@ in :mod:`.floater_recurrent` and plug into the same flow.
 
 import contextlib
 import logging
+import threading
 from typing import Dict, List, Optional
 
 import torch
@@ -413,7 +414,10 @@ class FloaterFlow(Float32State):
         self.dynamics = None  # built by build_dynamics() once the clients are known
         self.groups: List[str] = []
         self._clients: List[tuple] = []  # (group, client); the clients are registered by their owners
-        self._pass: Optional[dict] = None
+        #: the solve of each thread's pass under way (:meth:`forward_pass`), by thread: two threads that run the
+        #: model at once never read each other's (a plain dict, which deepcopy and pickle take)
+        self._passes: Dict[int, dict] = {}
+        #: evaluation's solution; replaced whole, never changed in place, so a thread reads one consistent solution
         self._cache: Optional[dict] = None
         self._refresh: Optional[dict] = None
         self.num_updates = 0
@@ -585,8 +589,9 @@ class FloaterFlow(Float32State):
         length = max(int(length), 1)
         if self._use_cache():
             return self._cached(length)
-        if self._pass is not None and self._pass["length"] >= length:
-            return self._pass["states"]
+        solved = self._passes.get(threading.get_ident())
+        if solved is not None and solved["length"] >= length:
+            return solved["states"]
         return self._fresh(length)
 
     def _fresh(self, length: int) -> torch.Tensor:
@@ -603,7 +608,7 @@ class FloaterFlow(Float32State):
     def _cached(self, length):
         probe = next(iter(self.floater_parameters()))
         key = self._param_key(probe.device, probe.dtype)
-        cache = self._cache
+        cache = self._cache  # one snapshot: another thread may publish a longer solution meanwhile
         if cache is None or cache["key"] != key:
             states, carry = self._solve(self._initial(), 0, length)
             cache = self._cache = {"key": key, "states": states, "carry": carry}
@@ -616,11 +621,11 @@ class FloaterFlow(Float32State):
                 # give other values than a solve from 0, so results would depend on how the cache grew (on the
                 # batch size).  A solve from 0 gives the same prefix whatever its length (its step sequence does
                 # not depend on the end time), so it is redone from 0 (at most twice the cost of one solve).
-                cache["states"], cache["carry"] = self._solve(self._initial(), 0, new_len)
+                states, carry = self._solve(self._initial(), 0, new_len)
             else:  # fixed steps: continuing from the last state is exactly the longer solve
                 more, carry = self._solve(old[-1], old.size(0) - 1, new_len - old.size(0) + 1, cache["carry"])
-                cache["states"] = torch.cat([old, more[1:]], dim=0)
-                cache["carry"] = carry
+                states = torch.cat([old, more[1:]], dim=0)
+            cache = self._cache = {"key": key, "states": states, "carry": carry}
         return cache["states"]
 
     def _refreshed(self, length):
@@ -635,16 +640,20 @@ class FloaterFlow(Float32State):
     @contextlib.contextmanager
     def forward_pass(self, length: int):
         """One solve for everything computed inside the ``with`` block (a no-op when cached)."""
-        if self._use_cache() or (self._pass is not None and self._pass["length"] >= length):
+        thread = threading.get_ident()
+        outer = self._passes.get(thread)
+        if self._use_cache() or (outer is not None and outer["length"] >= length):
             yield
             return
-        outer = self._pass
         length = max(int(length), 1)
-        self._pass = {"length": length, "states": self._fresh(length)}
+        self._passes[thread] = {"length": length, "states": self._fresh(length)}
         try:
             yield
         finally:
-            self._pass = outer
+            if outer is None:
+                del self._passes[thread]
+            else:
+                self._passes[thread] = outer
 
     def states(self, client: nn.Module, length: int) -> torch.Tensor:
         """(length, n, D) float32 (float64 in a float64 model) vectors of ``client``'s n initial values at positions

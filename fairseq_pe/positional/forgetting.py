@@ -42,7 +42,8 @@ import torch.nn.functional as F
 
 from fairseq_pe.errors import UserError
 
-from .base import Float32State, RelativePositionEncoding, compute_dtype, option, register_position_encoding
+from .base import (Float32State, RelativePositionEncoding, compute_dtype, option, query_key_products,
+                   register_position_encoding)
 
 #: the reference's initializer_range (N(0, 0.02) weights) and its gate bias (0)
 GATE_STD = 0.02
@@ -106,5 +107,5 @@ class ForgettingGate(Float32State, RelativePositionEncoding):
         return torch.where(above, after, bias)
 
     def attention_logits(self, q, k, query_offset, block, rows=None, state=None, masking=None):
-        logits = torch.matmul(q, k.transpose(-1, -2)).to(compute_dtype(q.dtype))
+        logits = query_key_products(q, k).to(compute_dtype(q.dtype))
         return logits.add_(self.forgetting_bias(state, query_offset, q.size(2)))

@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import torch
 
-from .base import compute_dtype
+from .base import compute_dtype, query_key_products
 from .pass_state import RelativeRows, as_rows
 
 
@@ -71,7 +71,7 @@ def rerope_logits(rope, q, k, query_offset: int, rows: RelativeRows = None):
         """(R_a q)·(R_b k) for the rotations (R_a, R_b) (R_b None: the keys unrotated)."""
         query_rotation, key_rotation = rotations
         key = k if key_rotation is None else rope.rotated_by(k, key_rotation)
-        return torch.matmul(rope.rotated_by(q, query_rotation), key.transpose(-1, -2))
+        return query_key_products(rope.rotated_by(q, query_rotation), key)
 
     logits = product(near)
     for rotations, beyond in fars:

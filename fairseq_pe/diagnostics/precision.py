@@ -47,7 +47,7 @@ yet).
 
 Example (``scripts/gpu_check.py``)::
 
-    from fairseq_pe.models.precision_probe import compare_precisions, DEFAULT_TOLERANCES
+    from fairseq_pe.diagnostics.precision import compare_precisions, DEFAULT_TOLERANCES
     reports = compare_precisions(model, sample, ["fp16", "bf16"], device="cuda")
     for report in reports.values():
         problems = report.failures(DEFAULT_TOLERANCES[report.precision])

@@ -31,12 +31,14 @@ What counts as a sync, and how a count on the CPU sees what only a GPU would do:
 **CUDA-only branches.** A CPU tensor cannot pretend to be a CUDA tensor: torch initialises CUDA for a factory
 given ``device="cuda"``, and the autograd engine needs CUDA's device guard for a tensor that reports CUDA (a wrapper
 subclass does, and then ``backward`` aborts the process on a CPU-only build); the meta device has no values, so a
-fairseq training step (its loss, its gradient norm) cannot run on it.  The package therefore keeps every decision
-it takes on the device type in a few predicates of ``device`` (:data:`CUDA_BRANCHES`), and :func:`counting` makes
-them answer as on CUDA within the block, as ``scripts/sdpa_arguments.py`` and ``tests/test_kernel_choices.py``
-simulate CUDA's kernel choices: the counted steps take CUDA's branches (masks laid out for the memory-efficient
-kernel, a bias with a gradient on the fused path).  ``tests/test_host_syncs.py`` checks that every branch on the
-device type in ``fairseq_pe/`` is one of these predicates or outside the training and decoding steps.
+fairseq training step (its loss, its gradient norm) cannot run on it.  The package therefore takes every decision on
+the device type through an attention's capabilities (:mod:`fairseq_pe.models.capabilities`), and :func:`counting`
+injects capabilities that answer as on CUDA into the models it is given, for its block
+(:func:`fairseq_pe.diagnostics.capabilities.as_on_cuda`), as ``scripts/sdpa_arguments.py`` and
+``tests/test_kernel_choices.py`` simulate CUDA's kernel choices: the counted steps take CUDA's branches (masks laid
+out for the memory-efficient kernel, a bias with a gradient on the fused path).  ``tests/test_host_syncs.py`` checks
+that every branch on the device type in ``fairseq_pe/`` is one of those capabilities or outside the training and
+decoding steps.
 
 Not seen on the CPU: host-to-device copies of tensors made on the host (``torch.tensor(data, device=d)``), a
 ``copy_`` from a device tensor into a CPU buffer, and syncs inside an operator other than those above.
@@ -45,11 +47,12 @@ from ``torch.tensor(False)``) counts as a sync: the count errs towards syncs, th
 """
 
 import contextlib
-import importlib
 from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
+
+from fairseq_pe.diagnostics import capabilities
 
 #: operators after which the host has a tensor's value (or a data-dependent size): a sync on a GPU
 SYNC_OPS = {"_local_scalar_dense", "equal", "allclose", "is_nonzero", "nonzero", "nonzero_static", "masked_select",
@@ -61,10 +64,6 @@ INDEXING_OPS = {"index", "_unsafe_index", "index_put", "index_put_", "_index_put
 COPY_OPS = {"_to_copy", "copy_", "copy"}
 #: the names of the Tensor methods that read a CPU tensor on the host without dispatching anything
 HOST_READ_NAMES = ("cpu", "tolist", "numpy", "__array__")
-#: ``module:function`` of each predicate of ``device`` with which the package branches on the device type; within
-#: :func:`counting` each answers as for a CUDA device
-CUDA_BRANCHES = ("fairseq_pe.models.attention:aligned_rows", "fairseq_pe.models.attention:mask_gradient_fused",
-                 "fairseq_pe.models.flex:flex_backward", "fairseq_pe.models.flex:flex_float64")
 
 
 @dataclass
@@ -134,26 +133,11 @@ def _names_the_host(args, kwargs) -> bool:
 
 
 @contextlib.contextmanager
-def cuda_branches():
-    """Within the block, the package's predicates of :data:`CUDA_BRANCHES` answer as for a CUDA device."""
-    saved = []
-    try:
-        for path in CUDA_BRANCHES:
-            module, name = path.split(":")
-            module = importlib.import_module(module)
-            saved.append((module, name, getattr(module, name)))
-            setattr(module, name, lambda device: True)
-        yield
-    finally:
-        for module, name, predicate in reversed(saved):
-            setattr(module, name, predicate)
-
-
-@contextlib.contextmanager
-def counting(as_on_cuda: bool = True):
+def counting(*models, as_on_cuda: bool = True):
     """Within the block, every operator dispatched to torch's kernels is counted in the :class:`OpCount` yielded
     (by its name without overload: ``addmm``, ``_local_scalar_dense`` ...), with the calls that make the host wait
-    (module docstring); with ``as_on_cuda`` the package's device branches take CUDA's way (:func:`cuda_branches`)."""
+    (module docstring); with ``as_on_cuda`` the attentions of ``models`` take CUDA's branches
+    (:func:`~fairseq_pe.diagnostics.capabilities.as_on_cuda`)."""
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -191,7 +175,7 @@ def counting(as_on_cuda: bool = True):
 
     with contextlib.ExitStack() as stack:
         if as_on_cuda:
-            stack.enter_context(cuda_branches())
+            stack.enter_context(capabilities.as_on_cuda(*models))
         stack.enter_context(HostReads())
         stack.enter_context(Count())
         yield result
