@@ -26,26 +26,27 @@ process: it loads with ``weights_only=False``, as fairseq-pe < 0.3 loaded every 
 on torch >= 2.6): only the plugin's own variable does.
 
 The allowlist is scoped: it is added for the duration of each load (``torch.serialization.safe_globals``, only the
-entries not already allowed, so a caller's own ``add_safe_globals`` stays) and ``weights_only=True`` is forced only
-there (``TORCH_FORCE_WEIGHTS_ONLY_LOAD``, since fairseq calls ``torch.load`` without ``weights_only``).  Any other
-``torch.load`` of the process keeps torch's default and the caller's allowlist untouched.
+entries not already allowed, so a caller's own ``add_safe_globals`` stays), under a lock that one load of the
+plugin's holds at a time.  fairseq calls ``torch.load`` without ``weights_only``: a wrapper of ``torch.load`` passes
+``weights_only`` to torch for the calls of the thread that is inside a load of the plugin's (a thread-local policy),
+which no environment variable overrides; the process environment is never touched.  Any other ``torch.load`` of the
+process, in any thread, keeps torch's default.
 """
 
 import collections
 import contextlib
+import functools
 import os
 import pickle
 import re
+import threading
 import typing
-import warnings
 
 from fairseq_pe.errors import UserError
 
 #: set to 1 (or yes/true) to trust every checkpoint of the process: it loads with ``weights_only=False``
 TRUST_ENV = "FAIRSEQ_PE_TRUST_CHECKPOINTS"
 _TRUE = ("1", "y", "yes", "true")
-_FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
-_FORCE_NO_WEIGHTS_ONLY = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
 
 class CheckpointRefused(UserError):
@@ -75,47 +76,75 @@ def checkpoint_globals() -> list:
 
 def numpy_scalar_globals() -> list:
     """A numpy scalar as pickled (its dtype and bytes): a fine-tuned ``sentence_prediction`` checkpoint keeps its
-    best validation metric as one (``extra_state``'s best, e.g. STS-B's correlation from scipy)."""
+    best validation metric as one (``extra_state``'s best, e.g. STS-B's correlation from scipy).  Pickled under
+    numpy 2 it is ``numpy._core.multiarray.scalar``; under numpy 1.x, as fairseq 0.12's own checkpoints were,
+    ``numpy.core.multiarray.scalar``: the same function, allowed under both names."""
     import numpy as np
 
-    return [np._core.multiarray.scalar, np.dtype, type(np.dtype(np.float64)), type(np.dtype(np.float32)),
-            type(np.dtype(np.int64))]
+    scalar = np._core.multiarray.scalar
+    return [scalar, (scalar, "numpy.core.multiarray.scalar"), np.dtype, type(np.dtype(np.float64)),
+            type(np.dtype(np.float32)), type(np.dtype(np.int64))]
+
+
+#: the load policy of the thread inside :func:`checkpoint_loading` (``weights_only`` True or False), per thread
+_policy = threading.local()
+#: held for the whole of each load of the plugin's: the allowlist is added to torch's process-wide set and removed
+#: again, so two loads of two threads never see each other's additions half made or half removed
+_LOCK = threading.RLock()
+
+
+def _policy_load(load):
+    """``torch.load`` that passes the current thread's policy (:func:`checkpoint_loading`) as ``weights_only`` where
+    its caller (fairseq) passes none; every other call, in this thread or another, is torch's own."""
+    @functools.wraps(load)
+    def wrapper(*args, **kwargs):
+        weights_only = getattr(_policy, "weights_only", None)
+        if weights_only is not None and kwargs.get("weights_only") is None:
+            kwargs["weights_only"] = weights_only
+        return load(*args, **kwargs)
+
+    wrapper._fairseq_pe_policy = True
+    return wrapper
+
+
+def _install():
+    import torch
+
+    if not getattr(torch.load, "_fairseq_pe_policy", False):
+        torch.load = _policy_load(torch.load)
 
 
 @contextlib.contextmanager
-def _environ(set_: dict, unset: tuple):
-    previous = {name: os.environ.get(name) for name in (*set_, *unset)}
-    os.environ.update(set_)
-    for name in unset:
-        os.environ.pop(name, None)
+def _thread_policy(weights_only: bool):
+    _install()
+    outer = getattr(_policy, "weights_only", None)
+    _policy.weights_only = weights_only
     try:
         yield
     finally:
-        for name, value in previous.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _policy.weights_only = outer
 
 
 @contextlib.contextmanager
 def trusted_torch_load():
-    """Within the block, ``torch.load`` calls that do not pass ``weights_only`` use ``False`` (a trusted file)."""
-    with _environ({_FORCE_NO_WEIGHTS_ONLY: "1"}, (_FORCE_WEIGHTS_ONLY,)), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=f".*{_FORCE_NO_WEIGHTS_ONLY}.*")
+    """Within the block, this thread's ``torch.load`` calls that do not pass ``weights_only`` use ``False`` (a
+    trusted file)."""
+    with _thread_policy(False):
         yield
 
 
 @contextlib.contextmanager
 def weights_only_torch_load():
-    """Within the block, ``torch.load`` calls load with ``weights_only=True`` and :func:`checkpoint_globals` allowed
-    (those not allowed already: leaving the block removes only these)."""
+    """Within the block, this thread's ``torch.load`` calls load with ``weights_only=True`` (passed to torch, which
+    no environment variable overrides) and :func:`checkpoint_globals` allowed (those not allowed already: leaving
+    the block removes only these), under a lock that one load of the plugin's holds at a time."""
     import torch
 
-    allowed = set(torch.serialization.get_safe_globals())
-    added = [g for g in checkpoint_globals() if g not in allowed]
-    with _environ({_FORCE_WEIGHTS_ONLY: "1"}, (_FORCE_NO_WEIGHTS_ONLY,)), torch.serialization.safe_globals(added):
-        yield
+    with _LOCK:
+        allowed = set(torch.serialization.get_safe_globals())
+        added = [g for g in checkpoint_globals() if g not in allowed]
+        with _thread_policy(True), torch.serialization.safe_globals(added):
+            yield
 
 
 #: torch's weights-only refusals of a pickle's content (not of a damaged file: "Unsupported operand", EOF ...)
@@ -183,8 +212,13 @@ def checkpoint_loading(what: str):
 
 
 def load(path, what: str = None, map_location="cpu"):
-    """``torch.load(path)`` of a checkpoint through :func:`checkpoint_loading`."""
+    """``torch.load(path)`` of a checkpoint through :func:`checkpoint_loading`, its options that fairseq evaluates
+    checked to be literals (:func:`fairseq_pe.compat.literal_options.check_options`)."""
     import torch
 
-    with checkpoint_loading(what or f"checkpoint {path}"):
-        return torch.load(path, map_location=map_location)
+    from fairseq_pe.compat.literal_options import check_options
+
+    what = what or f"checkpoint {path}"
+    with checkpoint_loading(what):
+        state = torch.load(path, map_location=map_location)
+    return check_options(state, what)

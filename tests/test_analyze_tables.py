@@ -264,3 +264,41 @@ def test_a_checkpoint_and_a_table_in_one_run(tmp_path, capsys):
     probed = properties.split("\n\n")[1]  # the identical-word table: the checkpoint only
     assert "| learned |" in probed and "| sinusoidal |" not in probed
     assert "| sinusoidal | position table (.npy) |" in properties and "Not analysed for sinusoidal " in properties
+
+
+def test_a_model_folder_never_runs_code_nor_reads_outside_itself(models, tmp_path):
+    """Issue 55, 7: a folder whose config.json has ``auto_map`` asked "run the custom code? [y/N]" (and ran it on
+    y); a sharded index could name a file outside the folder; a pickle payload in ``pytorch_model.bin`` was refused
+    with torch's text, which suggests ``weights_only=False``.  Each is now one line, and nothing runs."""
+    import shutil
+
+    from fairseq_pe.analysis.tables import TableError
+
+    remote = tmp_path / "remote"
+    shutil.copytree(models["bert"][1], remote)
+    config = json.loads((remote / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "configuration_evil.EvilConfig"}
+    (remote / "config.json").write_text(json.dumps(config))
+    with pytest.raises(TableError, match="refused: its config.json names code of its own to run"):
+        load_position_table(str(remote))
+
+    escape = tmp_path / "escape"
+    shutil.copytree(models["bert"][1], escape)
+    (escape / "model.safetensors").rename(tmp_path / "outside.safetensors")
+    (escape / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"embeddings.position_embeddings.weight": "../outside.safetensors"}}))
+    with pytest.raises(TableError, match=r"refused: its model.safetensors.index.json names '\.\./outside"):
+        load_position_table(str(escape))
+
+    class Payload:
+        def __reduce__(self):
+            return os.system, (f"touch {tmp_path / 'MARKER'}",)
+
+    payload = tmp_path / "payload"
+    shutil.copytree(models["bert"][1], payload)
+    (payload / "model.safetensors").unlink()
+    torch.save({"embeddings.position_embeddings.weight": torch.zeros(2, 2), "x": Payload()},
+               payload / "pytorch_model.bin")
+    with pytest.raises(TableError, match="refused: its weights' pickle needs") as refused:
+        load_position_table(str(payload))
+    assert "weights_only=False" not in str(refused.value) and not (tmp_path / "MARKER").exists()

@@ -128,7 +128,7 @@ def test_half_precision_training_through_fairseqs_optimizers_is_float32s_rounded
     """One update of fairseq's trainer in each precision (its FP16Optimizer, bf16 form, MemoryEfficientFP16Optimizer):
     the loss and every position parameter's gradient are float32's within the tolerances of the translation models'
     test (tests/test_half_precision_training.py: a deviation relative to the whole encoding's gradient)."""
-    from fairseq_pe.models.precision_probe import gradient_deviations, position_owners, position_parameters
+    from fairseq_pe.diagnostics.precision import gradient_deviations, position_owners, position_parameters
 
     dictionary(40).save(str(tmp_path / "dict.txt"))
     precisions = ["fp32", "fp16", "bf16", "memory-efficient-fp16"]
@@ -323,3 +323,20 @@ def test_long_evaluation_of_the_language_model_is_linear_in_memory(name, monkeyp
     assert stock_mask >= length * length  # what the test would catch
     ffn = model.decoder.layers[0].fc1.out_features
     assert largest <= length * max(ffn, len(d), 4 * model.decoder.embed_tokens.embedding_dim), largest
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--context-window", "-1"], "--context-window must be 0 or more"),
+    (["--tokens-per-sample", "0"], "--tokens-per-sample must be at least 1, got 0"),
+    (["--tokens-per-sample", "-5"], "--tokens-per-sample must be at least 1, got -5"),
+    (["--tokens-per-sample", "8", "--context-window", "8"], "--context-window 8 must be smaller than "
+                                                            "--tokens-per-sample 8"),
+    (["--tokens-per-sample", "16", "--max-tokens", "1"], "--max-tokens 1 cannot hold one window of 16 tokens"),
+    (["--gen-subset", "nosuch"], "--gen-subset nosuch: no such split in"),
+])
+def test_eval_lm_options_that_cannot_evaluate_are_one_line(lm_data, flags, message):
+    """Issue 55, 5 and 6: a negative --context-window was evaluated as none (exit 0); the others were tracebacks."""
+    checkpoint = train_lm(lm_data, "alibi")
+    proc = eval_lm(lm_data, checkpoint, *flags, check=False)
+    assert_user_error(proc, "fairseq-eval-lm", message)
+    assert "Perplexity" not in proc.stdout + proc.stderr

@@ -82,8 +82,13 @@ def untrusted(monkeypatch):
     monkeypatch.delenv(safe_load.TRUST_ENV, raising=False)
 
 
+def global_name(entry) -> str:
+    """The name a pickle gives an allowlist entry (a function, or a (function, name) pair)."""
+    return entry[1] if isinstance(entry, tuple) else f"{entry.__module__}.{entry.__qualname__}"
+
+
 def allowlisted_names():
-    return {f"{g.__module__}.{g.__qualname__}" for g in safe_load.checkpoint_globals()}
+    return {global_name(g) for g in safe_load.checkpoint_globals()}
 
 
 def same(a, b) -> bool:
@@ -149,8 +154,30 @@ def test_the_allowlist_is_what_real_checkpoints_hold(checkpoints, tmp_path, monk
         assert received["cfg"] == state["cfg"] and received["cfg"]["model"] == state["cfg"]["model"]
     # every entry is needed by one of them, and nothing else is; numpy's scalars are needed by a fine-tuned
     # sentence_prediction checkpoint's best metric, which tests/test_glue.py loads through fairseq-pe-glue-eval
-    numpy = {f"{g.__module__}.{g.__qualname__}" for g in safe_load.numpy_scalar_globals()}
+    numpy = {global_name(g) for g in safe_load.numpy_scalar_globals()}
     assert needed | numpy == allowlisted_names(), (sorted(needed), sorted(allowlisted_names()))
+
+
+def test_a_checkpoint_pickled_under_numpy_1_loads(tmp_path, untrusted):
+    """Issue 55, 7: numpy 1.x pickled its scalars as ``numpy.core.multiarray.scalar`` (numpy 2:
+    ``numpy._core``), as fine-tuned checkpoints of fairseq 0.12's era hold their best metric; refused before."""
+    import zipfile
+
+    import numpy as np
+
+    saved = tmp_path / "numpy2.pt"
+    torch.save({"model": {}, "extra_state": {"best": np.float64(0.75)}}, saved)
+    old = tmp_path / "numpy1.pt"
+    with zipfile.ZipFile(saved) as src, zipfile.ZipFile(old, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item.filename)
+            if item.filename.endswith("data.pkl"):
+                assert b"numpy._core.multiarray" in data
+                data = data.replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
+            dst.writestr(item, data)
+    assert "numpy.core.multiarray.scalar" in torch.serialization.get_unsafe_globals_in_checkpoint(str(old))
+    state = safe_load.load(str(old))
+    assert state["extra_state"]["best"] == 0.75
 
 
 def test_the_allowlist_is_scoped(checkpoints, untrusted):
@@ -242,6 +269,81 @@ def test_trusted_by_the_environment_variable_only(checkpoints, monkeypatch, untr
         assert marker.exists() and state["extra_state"]["payload"] == 0  # os.system's status: the command ran
     finally:
         marker.unlink(missing_ok=True)
+
+
+def test_loads_in_threads_neither_leak_trust_nor_refuse_good_files(checkpoints, monkeypatch, untrusted):
+    """Issue 55, 3: two threads load at once, one the good checkpoint and one the malicious, with torch's
+    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` set as people set it for stock fairseq.  Before (the policy an
+    environment variable set and restored per load, no lock) the payload ran after 2.1 s and the good file was
+    refused 5 times in 30 s; the process environment is left as it was."""
+    import threading
+    import time
+
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    before = dict(os.environ)
+    failures, refused, loaded = [], [], []
+    stop = time.monotonic() + 3.0
+
+    def good():
+        while time.monotonic() < stop:
+            try:
+                loaded.append(checkpoint_utils.load_checkpoint_to_cpu(checkpoints["plugin"])["cfg"] is not None)
+            except Exception as e:  # noqa: BLE001 (reported below)
+                failures.append(e)
+
+    def evil():
+        while time.monotonic() < stop:
+            try:
+                checkpoint_utils.load_checkpoint_to_cpu(checkpoints["evil"])
+                failures.append("the malicious checkpoint loaded")
+            except safe_load.CheckpointRefused:
+                refused.append(1)
+
+    threads = [threading.Thread(target=good), threading.Thread(target=evil)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[:3]
+    assert not checkpoints["marker"].exists()
+    assert loaded and all(loaded) and refused
+    assert dict(os.environ) == before
+    assert getattr(safe_load._policy, "weights_only", None) is None  # this thread's policy: none outside a load
+
+
+@pytest.mark.parametrize("case", ["typo", "folder", "dangling-link", "link-loop", "finetune-folder"])
+def test_a_restore_file_that_is_no_file_never_trains_over_the_save_dir(case, data, checkpoints, tmp_path):
+    """Issue 55, 4: ``--restore-file`` naming no file (a typo, a folder, a dangling or looping link), or
+    ``--finetune-from-model`` naming a folder: before, exit 0, "No existing checkpoint found", training from scratch
+    and ``--save-dir``'s ``checkpoint_last.pt`` overwritten (3 updates -> 1).  Now one line naming the option, exit
+    2, and the save dir's checkpoint as it was."""
+    import shutil
+
+    save = tmp_path / "S"
+    shutil.copytree(os.path.dirname(checkpoints["plugin"]), save)
+    last = save / "checkpoint_last.pt"
+    before = last.read_bytes()
+    target = tmp_path / "S2" / "typo.pt"
+    if case == "folder" or case == "finetune-folder":
+        target = tmp_path / "folder"
+        target.mkdir()
+    elif case == "dangling-link":
+        target = tmp_path / "dangling.pt"
+        target.symlink_to(tmp_path / "nowhere.pt")
+    elif case == "link-loop":
+        target = tmp_path / "loop.pt"
+        target.symlink_to(target)
+    flag = "--finetune-from-model" if case == "finetune-folder" else "--restore-file"
+    if case == "finetune-folder":  # fine-tuning starts from it on a first launch only: a new save dir
+        save = tmp_path / "S3"
+    proc = cli("fairseq-train", data, "--user-dir", PLUGIN, *PLUGIN_FLAGS, *TRAIN, "--max-update", "3",
+               "--save-dir", str(save), flag, str(target), check=False)
+    why = {"typo": "no such file", "folder": "is a folder", "dangling-link": "is a dangling symbolic link",
+           "link-loop": "is a symbolic link loop", "finetune-folder": "is a folder"}[case]
+    assert_user_error(proc, "fairseq-train", f"{flag} {target}: {why}")
+    assert last.read_bytes() == before
+    if case == "finetune-folder":
+        assert not (save / "checkpoint_last.pt").exists()
 
 
 def test_legitimate_checkpoints_load_through_the_entry_points(data, checkpoints, tmp_path, capsys, untrusted):

@@ -54,7 +54,16 @@ def _config(folder: str):
         raise TableError(f"{folder}: a Hugging Face model folder (it has config.json); reading it needs "
                          f"transformers: {INSTALL}") from None
     try:
-        return AutoConfig.from_pretrained(folder, local_files_only=True)
+        with open(os.path.join(folder, "config.json")) as f:
+            remote = json.load(f).get("auto_map")
+    except (OSError, ValueError, AttributeError):
+        remote = None  # transformers says what is wrong with it, below
+    if remote:
+        raise TableError(f"{folder}: refused: its config.json names code of its own to run (auto_map: "
+                         f"{', '.join(sorted(remote)) if isinstance(remote, dict) else remote}); the analysis never "
+                         "runs a model folder's code")
+    try:
+        return AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001  (a broken config.json, a model type transformers does not know, ...)
         raise TableError(f"{folder}: its config.json cannot be read by transformers "
                          f"({type(e).__name__}: {str(e)[:300]})") from None
@@ -70,7 +79,11 @@ def _weight_names(folder: str):
         if os.path.isfile(os.path.join(folder, index)):
             with open(os.path.join(folder, index)) as f:
                 files = {}
+                inside = os.path.realpath(folder)
                 for name, file in json.load(f)["weight_map"].items():
+                    path = os.path.realpath(os.path.join(folder, file))
+                    if os.path.commonpath([path, inside]) != inside:
+                        raise TableError(f"{folder}: refused: its {index} names {file!r}, outside the folder")
                     files.setdefault(file, []).append(name)
                 return files
     raise TableError(f"{folder}: no PyTorch weights ({SAFE_WEIGHTS_NAME}, {SAFE_WEIGHTS_INDEX_NAME}, {WEIGHTS_NAME} "
@@ -112,6 +125,12 @@ def read_weight(folder: str, suffix: str):
     except TableError:
         raise
     except Exception as e:  # noqa: BLE001  (a truncated or corrupt weight file)
+        from fairseq_pe.safe_load import refused_global
+
+        needs = refused_global(e)
+        if needs is not None:
+            raise TableError(f"{folder}: refused: its weights' pickle needs {needs}, which a file of weights never "
+                             "holds, and loading it could run code (the analysis reads weights only)") from None
         raise TableError(f"{folder}: its weights cannot be read ({type(e).__name__}: {str(e)[:300]})") from None
     return name, tensor
 

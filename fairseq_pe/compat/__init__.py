@@ -12,6 +12,7 @@ attention fast path (every attention of the plugin's models is a
 import logging
 
 from fairseq_pe.compat import (
+    archive_extraction,
     batch_by_size,
     bf16_without_tpu,
     checkpoint_loading,
@@ -19,12 +20,13 @@ from fairseq_pe.compat import (
     distributed_cpu,
     exact_resume,
     legacy_ddp_dtypes,
+    literal_options,
     numpy2_eos_blocks,
     size_errors,
 )
 
 #: every fix, in the order it is applied
-FIXES = (checkpoint_loading, batch_by_size, size_errors, distributed_cpu, bf16_without_tpu, constrained_parameters,
+FIXES = (checkpoint_loading, literal_options, archive_extraction, batch_by_size, size_errors, distributed_cpu, bf16_without_tpu, constrained_parameters,
          legacy_ddp_dtypes, exact_resume, numpy2_eos_blocks)
 
 #: the names of the fixes applied in this process (set by :func:`apply`)

@@ -38,25 +38,55 @@ def _is_local(path) -> bool:
     return isinstance(path, (str, os.PathLike)) and "://" not in str(path)
 
 
+#: what fairseq's loaders raise reading a loaded object that is no checkpoint (a bare tensor, a dict without
+#: ``model``, ``extra_state`` or ``ema``): one line naming the file and what it holds
+_NOT_A_CHECKPOINT = (KeyError, TypeError, AttributeError, IndexError)
+
+
+def _read_as_user_errors(what: str, load):
+    """``load()`` with a file that cannot be read, or holds no fairseq checkpoint, reported in one line."""
+    try:
+        return load()
+    except _UNREADABLE as e:
+        if isinstance(e, IsADirectoryError):
+            raise UserError(f"{what} is a folder, not a checkpoint file") from None
+        raise UserError(f"{what} cannot be read ({type(e).__name__}: {e}): it is not a complete fairseq checkpoint "
+                        "(truncated or another kind of file?)") from e
+    except RuntimeError as e:
+        if "Tensor.__contains__" in str(e):  # fairseq's `"args" in state` of a file that holds a bare tensor
+            raise UserError(f"{what} is not a fairseq checkpoint: it holds a bare tensor; a fairseq checkpoint is a "
+                            "dict with 'model', 'cfg' or 'args', and 'extra_state'") from None
+        if not any(marker in str(e) for marker in _UNREADABLE_RUNTIME):
+            raise
+        raise UserError(f"{what} cannot be read ({e}): it is not a complete fairseq checkpoint (truncated or "
+                        "another kind of file?)") from e
+    except _NOT_A_CHECKPOINT as e:
+        if isinstance(e, KeyError) and e.args == ("ema",):
+            raise UserError(f"{what} holds no EMA weights (its extra_state has no 'ema': a checkpoint of a training "
+                            "with --store-ema is needed)") from None
+        raise UserError(f"{what} is not a fairseq checkpoint ({type(e).__name__}: {e}): a fairseq checkpoint is a "
+                        "dict with 'model', 'cfg' or 'args', and 'extra_state'") from None
+
+
 def _load_checkpoint_safely(load_checkpoint_to_cpu):
     @functools.wraps(load_checkpoint_to_cpu)
     def wrapper(path, *args, **kwargs):
         if _is_local(path) and not os.path.exists(path):
             raise UserError(f"checkpoint {path}: no such file (check --path / --restore-file)")
-        try:
+
+        def load():
             with checkpoint_loading(f"checkpoint {path}"):
-                state = load_checkpoint_to_cpu(path, *args, **kwargs)
-        except _UNREADABLE as e:
-            raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e}): it is not a complete "
-                            "fairseq checkpoint (truncated or another kind of file?)") from e
-        except RuntimeError as e:
-            if not any(marker in str(e) for marker in _UNREADABLE_RUNTIME):
-                raise
-            raise UserError(f"checkpoint {path} cannot be read ({e}): it is not a complete fairseq checkpoint "
-                            "(truncated or another kind of file?)") from e
+                loaded = load_checkpoint_to_cpu(path, *args, **kwargs)
+            if not isinstance(loaded, dict) or "model" not in loaded:
+                raise KeyError("model")
+            return loaded
+
+        state = _read_as_user_errors(f"checkpoint {path}", load)
+        from fairseq_pe.compat.literal_options import check_options
         from fairseq_pe.models.options import upgrade_checkpoint_options
 
-        return upgrade_checkpoint_options(state)  # options that fairseq-pe 0.1 saved mean what they meant then
+        # options that fairseq-pe 0.1 saved mean what they meant then; none that fairseq evaluates runs code
+        return check_options(upgrade_checkpoint_options(state), f"checkpoint {path}")
 
     wrapper._fairseq_pe_patched = True
     return wrapper
@@ -68,8 +98,12 @@ def _ema_seed_safely(load_ema_from_checkpoint):
     def wrapper(path, *args, **kwargs):
         if _is_local(path) and not os.path.exists(path):
             raise UserError(f"--ema-seed-model {path}: no such checkpoint file")
-        with checkpoint_loading(f"--ema-seed-model {path}"):
-            return load_ema_from_checkpoint(path, *args, **kwargs)
+
+        def load():
+            with checkpoint_loading(f"--ema-seed-model {path}"):
+                return load_ema_from_checkpoint(path, *args, **kwargs)
+
+        return _read_as_user_errors(f"--ema-seed-model {path}", load)
 
     wrapper._fairseq_pe_patched = True
     return wrapper
@@ -103,6 +137,45 @@ def _model_files_checked(load_model_ensemble_and_task):
     return wrapper
 
 
+def _why_not_a_file(path: str) -> str:
+    """Why ``path`` is not a checkpoint file to load: a folder, a dangling or looping link, or nothing there."""
+    if os.path.isdir(path):
+        return "is a folder, not a checkpoint file"
+    if os.path.islink(path):
+        try:
+            os.stat(path)
+        except OSError as e:
+            return "is a symbolic link loop" if e.errno == 40 else "is a dangling symbolic link"
+    return "no such file"
+
+
+def _restore_path_checked(load_checkpoint):
+    """``--restore-file PATH`` (not fairseq's default ``checkpoint_last.pt``), ``--finetune-from-model PATH`` and
+    ``--continue-once PATH`` of a first launch name a file the user wants trained from: where it is not a file,
+    fairseq's Trainer logged "No existing checkpoint found", trained from scratch and overwrote ``--save-dir``'s
+    checkpoints.  Here that is one line naming the option, before anything is written."""
+    @functools.wraps(load_checkpoint)
+    def wrapper(cfg, trainer, **kwargs):
+        suffix = trainer.checkpoint_suffix
+        asked = None
+        if cfg.restore_file != "checkpoint_last.pt":
+            path = cfg.restore_file.replace(".pt", suffix + ".pt") if suffix is not None else cfg.restore_file
+            asked = ("--restore-file", path)
+        elif not os.path.exists(os.path.join(cfg.save_dir, f"checkpoint_last{suffix or ''}.pt")):
+            if getattr(cfg, "continue_once", None) is not None:
+                asked = ("--continue-once", cfg.continue_once)
+            elif cfg.finetune_from_model is not None:
+                asked = ("--finetune-from-model", cfg.finetune_from_model)
+        if asked is not None and _is_local(asked[1]) and not os.path.isfile(asked[1]):
+            flag, path = asked
+            raise UserError(f"{flag} {path}: {_why_not_a_file(path)}; nothing was trained or written (fairseq "
+                            f"would have trained from scratch over {cfg.save_dir})")
+        return load_checkpoint(cfg, trainer, **kwargs)
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
 def apply() -> bool:
     if not fairseq_matches(FIXES_FAIRSEQ, "checkpoint_loading",
                            "fairseq's checkpoints may not load on this torch (weights_only)"):
@@ -114,4 +187,5 @@ def apply() -> bool:
     patch(checkpoint_utils, "load_model_ensemble_and_task", _model_files_checked)
     patch(checkpoint_utils, "load_checkpoint_to_cpu", _load_checkpoint_safely)
     patch(checkpoint_utils, "load_ema_from_checkpoint", _ema_seed_safely)
+    patch(checkpoint_utils, "load_checkpoint", _restore_path_checked)
     return True

@@ -2,6 +2,7 @@
 
 import argparse
 import contextlib
+import functools
 
 from fairseq_pe.errors import UserError, as_user_errors
 from fairseq_pe.positional import position_encoding_choices
@@ -315,7 +316,74 @@ def validate_position_args(args):
         _validate_position_args(args)
 
 
+#: the largest standard deviation of FoX's forget-gate initialisation: gates of larger weights saturate at 0 or 1
+#: for every input at initialisation (the reference's 0.02; 1e30 gave NaN gradients in the first update)
+MAX_FOX_GATE_STD = 10.0
+
+
+#: fairseq's DEFAULT_MAX_SOURCE_POSITIONS and DEFAULT_MAX_TARGET_POSITIONS (``fairseq.models.transformer``)
+DEFAULT_MAX_POSITIONS = 1024
+
+
+@functools.lru_cache(maxsize=1)
+def _position_actions():
+    """The ``--pe-*`` options' argparse actions: their choices, types and flags, the schema every door is held to."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_position_encoding_args(parser)
+    return tuple(a for a in parser._actions if a.dest.startswith("pe_") and a.option_strings)
+
+
+def _check_schema(args):
+    """Every ``--pe-*`` value (from the flags, ``--model-overrides`` or a YAML configuration) of its option's type
+    and among its choices, and every float finite: one line naming the flag."""
+    import math
+
+    for action in _position_actions():
+        value = getattr(args, action.dest, None)
+        if value is None or isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            continue
+        flag = action.option_strings[0]
+        if action.type in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                           or (action.type is int and isinstance(value, float))):
+            raise UserError(f"{flag} takes {'an integer' if action.type is int else 'a number'}, got {value!r}")
+        if action.type is float and not math.isfinite(value):
+            raise UserError(f"{flag} must be finite, got {value!r}")
+        if action.choices is not None and value not in action.choices:
+            raise UserError(f"{flag} must be one of {', '.join(map(str, action.choices))}, got {value!r}")
+
+
+def _longest_positions(args):
+    """The most positions a side of the model reads (its --max-source/target-positions, an LM's
+    --tokens-per-sample; fairseq's default where none is set)."""
+    lengths = [getattr(args, name, None) for name in ("max_source_positions", "max_target_positions",
+                                                       "tokens_per_sample")]
+    lengths = [n for n in lengths if isinstance(n, int) and n > 0]
+    # unset: fairseq's models fill in DEFAULT_MAX_SOURCE/TARGET_POSITIONS (1024) when they are built
+    return max(lengths) if lengths else DEFAULT_MAX_POSITIONS
+
+
+def _check_costs(args):
+    """Options whose size costs memory or time without end are bounded by what the model's lengths can use."""
+    longest = _longest_positions(args)
+    kernel = getattr(args, "pe_dape_kernel", None)
+    if longest is not None and kernel is not None and kernel > 2 * longest + 1:
+        raise UserError(f"--pe-dape-kernel {kernel:,} is wider than any row of keys can use: at most 2 × the "
+                        f"longest length (--max-source/target-positions, --tokens-per-sample: {longest:,}) + 1 = "
+                        f"{2 * longest + 1:,}")
+    npos = getattr(args, "pe_cope_npos", None)
+    if longest is not None and npos is not None and npos > longest + 1:
+        raise UserError(f"--pe-cope-npos {npos:,} has more rows than contextual positions can reach: at most the "
+                        f"longest length (--max-source/target-positions, --tokens-per-sample: {longest:,}) + 1 = "
+                        f"{longest + 1:,}")
+    std = getattr(args, "pe_fox_gate_std", None)
+    if std is not None and not 0 <= std <= MAX_FOX_GATE_STD:
+        raise UserError(f"--pe-fox-gate-std must be from 0 to {MAX_FOX_GATE_STD:g} (larger initial weights saturate "
+                        f"every forget gate; the reference's is 0.02), got {std:g}")
+
+
 def _validate_position_args(args):
+    _check_schema(args)
+    _check_costs(args)
     replacements = {
         "encoder_learned_pos": "--pe-absolute learned",
         "decoder_learned_pos": "--pe-absolute learned",

@@ -97,8 +97,43 @@ class TransformerPELanguageModel(TransformerLanguageModel):
     def prepare_for_inference_(self, cfg):
         self.evaluating = True
         with as_user_errors():
+            self._check_evaluation_options(cfg)
             self._check_sliding_window(cfg)
             super().prepare_for_inference_(cfg)
+
+    @staticmethod
+    def _check_evaluation_options(cfg):
+        """``fairseq-eval-lm``'s window, batch and split options, each one line naming it (fairseq evaluated a
+        negative --context-window as none, and failed later with a traceback for the others)."""
+        import os
+
+        from fairseq import utils
+
+        context = getattr(getattr(cfg, "eval_lm", None), "context_window", 0) or 0
+        scored = getattr(getattr(cfg, "task", None), "tokens_per_sample", None)  # fairseq took the context from it
+        if context < 0:
+            raise UserError(f"--context-window must be 0 or more (0: each block scored without context), got "
+                            f"{context}")
+        if isinstance(scored, int) and scored <= 0:
+            if context > 0:
+                raise UserError(f"--context-window {context} must be smaller than --tokens-per-sample "
+                                f"{scored + context}: each window scores its last --tokens-per-sample − "
+                                "--context-window tokens")
+            raise UserError(f"--tokens-per-sample must be at least 1, got {scored}")
+        dataset = getattr(cfg, "dataset", None)
+        max_tokens = getattr(dataset, "max_tokens", None)
+        if isinstance(scored, int) and max_tokens is not None and max_tokens < scored + context:
+            raise UserError(f"--max-tokens {max_tokens} cannot hold one window of {scored + context} tokens "
+                            f"(--tokens-per-sample{' with --context-window' if context else ''}): give at least "
+                            f"{scored + context}")
+        subset, data = getattr(dataset, "gen_subset", None), getattr(getattr(cfg, "task", None), "data", None)
+        if subset and data:
+            folder = utils.split_paths(data)[0]
+            prefix = os.path.join(folder, subset)
+            if os.path.isdir(folder) and not any(os.path.exists(prefix + ext) for ext in (".bin", ".idx", "")):
+                splits = sorted({name.rsplit(".", 1)[0] for name in os.listdir(folder) if name.endswith(".idx")})
+                raise UserError(f"--gen-subset {subset}: no such split in {folder} (it has: "
+                                f"{', '.join(splits) or 'none'})")
 
     def _check_sliding_window(self, cfg):
         """``fairseq-eval-lm --context-window C``: each window holds ``--tokens-per-sample`` tokens (fairseq has taken C
