@@ -28,6 +28,12 @@ class UserError(ValueError):
     """A mistake in the user's input: the message names the flag or file to fix."""
 
 
+class CheckpointRefused(UserError):
+    """A checkpoint that could run code as it loads: its pickle needs more than
+    :func:`fairseq_pe.safe_load.checkpoint_globals`, or an option that fairseq evaluates is not a literal
+    (:mod:`fairseq_pe.compat.literal_options`)."""
+
+
 def user_error_message(exc: BaseException, prog: str = None) -> str:
     prog = prog or os.path.basename(sys.argv[0] or "fairseq-pe") or "fairseq-pe"
     return f"{prog}: error: {exc}"

@@ -42,15 +42,11 @@ import re
 import threading
 import typing
 
-from fairseq_pe.errors import UserError
+from fairseq_pe.errors import CheckpointRefused
 
 #: set to 1 (or yes/true) to trust every checkpoint of the process: it loads with ``weights_only=False``
 TRUST_ENV = "FAIRSEQ_PE_TRUST_CHECKPOINTS"
 _TRUE = ("1", "y", "yes", "true")
-
-
-class CheckpointRefused(UserError):
-    """A checkpoint whose pickle needs more than :func:`checkpoint_globals` (it could run code as it loads)."""
 
 
 def trusted() -> bool:

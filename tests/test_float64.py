@@ -34,6 +34,8 @@ LOWER = (torch.float32, torch.float16, torch.bfloat16, torch.complex64)
 #: functions whose float32 is not a position encoding's: the attention's softmax, the plugin's and fairseq's own
 #: (``fairseq.utils.softmax``), which are float32 whatever the model's dtype
 NOT_ENCODINGS = ("safe_softmax", "softmax")
+#: a file of the plugin's package or of fairseq's (not of the tests, whatever the checkout's folder is called)
+PACKAGE_FILE = re.compile(r"[/\\](fairseq_pe|fairseq)[/\\](?!tests[/\\])")
 
 
 class Downcasts(TorchDispatchMode):
@@ -50,7 +52,8 @@ class Downcasts(TorchDispatchMode):
         if any(t.dtype in (torch.float64, torch.complex128) for t in inputs) and any(
                 torch.is_tensor(t) and t.dtype in LOWER for t in tree_flatten(out)[0]):
             frame = sys._getframe()
-            while frame is not None and "fairseq" not in frame.f_code.co_filename:
+            # the package's frame (or fairseq's), not this file's: a checkout's folder may be called fairseq-pe
+            while frame is not None and not PACKAGE_FILE.search(frame.f_code.co_filename):
                 frame = frame.f_back
             if frame is None:
                 self.found.add(f"{func}")

@@ -187,14 +187,15 @@ def test_a_hub_archive_never_writes_outside_its_folder_nor_deletes_the_users_fil
     ([], {"pe_attention_kernel": "bogus"}, "--pe-attention-kernel must be one of auto, sdpa, blockwise, flex, got "
                                            "'bogus'"),
     ([], {"pe_attention_kernel": 5}, "--pe-attention-kernel must be one of auto, sdpa, blockwise, flex, got 5"),
-    ([], {"pe_relative_max_distance": "5"}, "--pe-relative-max-distance takes an integer, got '5'"),
-    ([], {"pe_fire_threshold": float("inf")}, "--pe-fire-threshold must be finite, got inf"),
+    (["--pe-relative", "learned"], {"pe_relative_max_distance": "five"},
+     "--pe-relative-max-distance: an integer is needed, got 'five'"),
+    (["--pe-relative", "fox"], {"pe_fox_gate_bias": float("inf")}, "--pe-fox-gate-bias must be finite, got inf"),
     (["--pe-relative", "alibi", "--pe-dape", "v2", "--pe-dape-kernel", "100001"],
      {}, r"--pe-dape-kernel 100,001 is wider than any row of keys can use: at most 2 × the longest length"),
     (["--pe-relative", "cope", "--pe-cope-npos", "100000000000"], {},
      "--pe-cope-npos 100,000,000,000 has more rows than contextual positions can reach"),
     (["--pe-relative", "fox", "--pe-fox-gate-std", "1e30"], {}, "--pe-fox-gate-std must be from 0 to 10"),
-    (["--pe-relative", "fox", "--pe-fox-gate-std", "nan"], {}, "--pe-fox-gate-std must be finite, got nan"),
+    (["--pe-relative", "fox", "--pe-fox-gate-std", "nan"], {}, "--pe-fox-gate-std must be from 0 to 10"),
 ])
 def test_every_position_option_is_held_to_its_schema_and_its_cost_bound(flags, overrides, message):
     """Issue 55, 5: values that argparse would refuse, arriving through ``--model-overrides`` (or a YAML file), and

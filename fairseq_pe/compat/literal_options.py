@@ -158,7 +158,7 @@ def check_options(state, what: str):
     checkpoint whose options include one of :data:`EVALUATED_FIELDS` that is a string but not a literal."""
     if not isinstance(state, dict) or "literal_options" in skipped():  # skipped: stock fairseq, for comparison
         return state
-    from fairseq_pe.safe_load import CheckpointRefused
+    from fairseq_pe.errors import CheckpointRefused
 
     for root in ("cfg", "args"):
         for name, value in _items(state.get(root), root):

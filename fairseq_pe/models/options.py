@@ -335,21 +335,39 @@ def _position_actions():
 
 def _check_schema(args):
     """Every ``--pe-*`` value (from the flags, ``--model-overrides`` or a YAML configuration) of its option's type
-    and among its choices, and every float finite: one line naming the flag."""
-    import math
-
+    (a string that the type parses is parsed, as argparse does: ``--model-overrides`` gives what the user typed)
+    and among its choices: one line naming the flag."""
     for action in _position_actions():
         value = getattr(args, action.dest, None)
         if value is None or isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
             continue
-        flag = action.option_strings[0]
-        if action.type in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                           or (action.type is int and isinstance(value, float))):
-            raise UserError(f"{flag} takes {'an integer' if action.type is int else 'a number'}, got {value!r}")
-        if action.type is float and not math.isfinite(value):
-            raise UserError(f"{flag} must be finite, got {value!r}")
+        flag, cast = action.option_strings[0], action.type
+        if cast in (int, float):
+            if isinstance(value, str):
+                try:
+                    value = cast(value)
+                except ValueError:
+                    value = None
+                if value is not None:
+                    setattr(args, action.dest, value)
+            if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or (cast is int and isinstance(value, float)):
+                raise UserError(f"{flag}: {'an integer' if cast is int else 'a number'} is needed, got "
+                                f"{getattr(args, action.dest)!r}")
         if action.choices is not None and value not in action.choices:
             raise UserError(f"{flag} must be one of {', '.join(map(str, action.choices))}, got {value!r}")
+
+
+def check_finite_position_args(args):
+    """Every float ``--pe-*`` value finite (inf and nan are bad input), checked once the model is built, after the
+    families' own checks of their options have said what range they need."""
+    import math
+
+    with as_user_errors():
+        for action in _position_actions():
+            value, cast = getattr(args, action.dest, None), action.type
+            if cast is float and isinstance(value, float) and not math.isfinite(value):
+                raise UserError(f"{action.option_strings[0]} must be finite, got {value!r}")
 
 
 def _longest_positions(args):

@@ -38,7 +38,8 @@ from fairseq_pe.positional.sinusoid_scale import ROBERTA_DEFAULTS
 
 from .floater_setup import apply_floater_freezing, build_floater_flow
 from .layers import exact_retain_dropout_modules, numbered_layers, use_stock_dropout_names
-from .options import add_position_encoding_args, position_encoding_defaults, validate_position_args
+from .options import (add_position_encoding_args, check_finite_position_args, position_encoding_defaults,
+                      validate_position_args)
 from .transformer_pe import TransformerPEEncoder
 
 logger = logging.getLogger(__name__)
@@ -130,6 +131,7 @@ class RobertaPEModel(RobertaModel):
                              f"{args.max_positions}: raise --max-positions")
         with numbered_layers(args, sides=("encoder",)):
             encoder = RobertaPEEncoder(args, task.source_dictionary)
+        check_finite_position_args(args)
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, True)
         return cls(args, encoder)

@@ -28,7 +28,8 @@ from fairseq_pe.positional.injector import PositionLimit
 
 from .floater_setup import apply_floater_freezing, build_floater_flow
 from .layers import exact_retain_dropout_modules, numbered_layers, use_stock_dropout_names
-from .options import add_position_encoding_args, position_encoding_defaults, validate_position_args
+from .options import (add_position_encoding_args, check_finite_position_args, position_encoding_defaults,
+                      validate_position_args)
 from .transformer_pe import TransformerPEDecoder
 
 
@@ -83,6 +84,7 @@ class TransformerPELanguageModel(TransformerLanguageModel):
             with numbered_layers(args, sides=("decoder",)):
                 decoder = TransformerPELanguageModelDecoder(TransformerConfig.from_namespace(args),
                                                             task.target_dictionary, embed_tokens)
+            check_finite_position_args(args)
             return cls(decoder, args)
 
     def max_positions(self):

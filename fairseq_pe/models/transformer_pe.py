@@ -21,7 +21,8 @@ from fairseq_pe.positional.pass_state import close_pass, open_pass
 from .floater_setup import apply_floater_freezing, build_floater_flow, floater_pass, flow_of
 from .layers import (PositionAwareDecoderLayer, PositionAwareEncoderLayer, blocks_of, exact_retain_dropout_modules,
                      numbered_layers, use_stock_dropout_names, wrap_layer)
-from .options import add_position_encoding_args, position_encoding_defaults, validate_position_args
+from .options import (add_position_encoding_args, check_finite_position_args, position_encoding_defaults,
+                      validate_position_args)
 
 
 def build_position_injector(cfg, num_blocks: int, embed_dim: int, num_heads: int, padding_idx: int, side: str,
@@ -198,7 +199,9 @@ class TransformerPEModel(TransformerModel):
             base_architecture(args)
             validate_position_args(args)
             with numbered_layers(args):
-                return super().build_model(args, task)
+                model = super().build_model(args, task)
+            check_finite_position_args(args)
+            return model
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
