@@ -103,33 +103,19 @@ def literal_value(text: str):
         raise NotALiteral(f"{text!r} is not a Python literal (at {e})") from None
 
 
-def eval_str_list(x, type=float):
-    """fairseq's ``utils.eval_str_list`` with :func:`literal_value` for its ``eval``."""
-    if x is None:
-        return None
-    if isinstance(x, str):
-        x = literal_value(x)
-    try:
-        return list(map(type, x))
-    except TypeError:
-        return [type(x)]
+def _literal_first(original):
+    """fairseq's ``eval_str_list`` or ``eval_str_dict`` (``original``) given a string already parsed by
+    :func:`literal_value`: fairseq's own code evaluates strings only, and keeps everything else."""
+    def helper(x, *args, **kwargs):
+        return original(literal_value(x) if isinstance(x, str) else x, *args, **kwargs)
 
-
-def eval_str_dict(x, type=dict):
-    """fairseq's ``utils.eval_str_dict`` with :func:`literal_value` for its ``eval``."""
-    if x is None:
-        return None
-    if isinstance(x, str):
-        x = literal_value(x)
-    return x
+    return helper
 
 
 def eval_bool(x, default=False):
-    """fairseq's ``utils.eval_bool`` with :func:`literal_value` for its ``eval`` (a value that is not a string gives
-    ``default``, as fairseq's ``eval`` of it did)."""
-    if x is None:
-        return default
-    if not isinstance(x, str):
+    """fairseq's ``utils.eval_bool`` with :func:`literal_value` for its ``eval`` (written out: fairseq's gives
+    ``default`` for a value that is not a string, so a parsed value cannot be handed to it)."""
+    if x is None or not isinstance(x, str):
         return default
     return bool(literal_value(x))
 
@@ -173,12 +159,14 @@ def check_options(state, what: str):
 
 
 def _parsing_literals(replacement):
-    """The wrap of :func:`~fairseq_pe.compat.patching.patch` that puts ``replacement`` in place of fairseq's
-    helper (``__wrapped__``: fairseq's own)."""
+    """The wrap of :func:`~fairseq_pe.compat.patching.patch` that puts ``replacement(original)`` in place of
+    fairseq's helper (``__wrapped__``: fairseq's own)."""
     def wrap(original):
+        helper = replacement(original)
+
         @functools.wraps(original)
         def wrapper(*args, **kwargs):
-            return replacement(*args, **kwargs)
+            return helper(*args, **kwargs)
 
         wrapper._fairseq_pe_patched = True
         return wrapper
@@ -194,7 +182,7 @@ def apply() -> bool:
 
     from fairseq import utils
 
-    helpers = {"eval_str_list": eval_str_list, "eval_str_dict": eval_str_dict, "eval_bool": eval_bool}
+    helpers = {"eval_str_list": _literal_first, "eval_str_dict": _literal_first, "eval_bool": lambda _: eval_bool}
     for name, replacement in helpers.items():
         patch(utils, name, _parsing_literals(replacement))
     # the modules that imported the helpers by name before: a module imported later binds the wrappers
