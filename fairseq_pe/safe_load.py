@@ -179,16 +179,113 @@ def unpickling_failure(error: BaseException):
     return None
 
 
+#: the opcodes that name a global (``GLOBAL`` and ``INST`` carry "module name"; ``STACK_GLOBAL`` takes two strings)
+_NAMING = ("GLOBAL", "INST")
+_STRINGS = ("UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "STRING", "BINSTRING", "SHORT_BINSTRING")
+
+
+def _pickle_streams(path):
+    """The pickle byte streams of a checkpoint file, read, never run: the ``data.pkl`` of torch's zip format, or the
+    file itself (torch's legacy format: pickles one after another, then the storages' raw bytes)."""
+    import io
+    import zipfile
+
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            return [io.BytesIO(archive.read(name)) for name in archive.namelist() if name.endswith("data.pkl")]
+    with open(path, "rb") as f:
+        return [io.BytesIO(f.read())]
+
+
+def pickle_contents(path):
+    """``(protocol, opcodes, globals)`` of the pickles of the checkpoint ``path``, read by :mod:`pickletools` (which
+    decodes opcodes and runs nothing): the highest protocol, the names of the opcodes used, and the
+    ``module.name`` of every global named (``GLOBAL``/``INST``, and ``STACK_GLOBAL`` from the two strings before it,
+    memoised ones included).  A stream that is no complete pickle raises ``ValueError``."""
+    import pickletools
+
+    protocol, opcodes, found = 0, set(), set()
+    for stream in _pickle_streams(path):
+        pickles = 0
+        while stream.tell() < len(stream.getbuffer()):
+            strings, memo = [], {}
+            try:
+                for op, arg, _ in pickletools.genops(stream):
+                    opcodes.add(op.name)
+                    protocol = max(protocol, op.proto)
+                    if op.name == "PROTO":
+                        protocol = max(protocol, arg)
+                    if op.name in _STRINGS:
+                        strings.append(arg.decode("latin-1") if isinstance(arg, bytes) else arg)
+                    elif op.name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
+                        memo[arg if op.name != "MEMOIZE" else len(memo)] = strings[-1] if strings else None
+                    elif op.name in ("GET", "BINGET", "LONG_BINGET") and isinstance(memo.get(arg), str):
+                        strings.append(memo[arg])
+                    elif op.name in _NAMING:
+                        found.add(arg.replace(" ", "."))
+                    elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                        found.add(f"{strings[-2]}.{strings[-1]}")
+            except ValueError:  # the storages' raw bytes after a legacy file's pickles; before any: no pickle
+                if not pickles:
+                    raise
+                break
+            pickles += 1
+    return protocol, opcodes, found
+
+
+def foreign_globals(found) -> list:
+    """The globals of ``found`` that neither torch's weights-only unpickler nor :func:`checkpoint_globals` allows."""
+    import torch
+
+    allowed = set()
+    try:
+        from torch._weights_only_unpickler import _get_allowed_globals
+
+        allowed.update(_get_allowed_globals())
+    except ImportError:  # another torch: its own names are the torch.* ones
+        allowed.update(name for name in found if name.startswith("torch."))
+    for entry in [*checkpoint_globals(), *torch.serialization.get_safe_globals()]:
+        obj, name = entry if isinstance(entry, tuple) else (entry, None)
+        allowed.add(name or f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}")
+    return sorted(name for name in found if name not in allowed)
+
+
+def unsupported_pickle(what: str, path, failure: str):
+    """Where torch's weights-only unpickler stopped at an opcode it does not read (``Unsupported operand``: the
+    pickle protocols 0, 1, 4 and 5 use some), the :class:`CheckpointRefused` that says what the file needs, read
+    by :func:`pickle_contents`: the globals it would call, or the protocol to re-save it with; None elsewhere."""
+    found = re.search(r"Unsupported operand (\d+)", failure)
+    if not found or path is None or not os.path.isfile(str(path)):
+        return None
+    import pickletools
+
+    code = chr(int(found.group(1)))
+    opname = next((op.name for op in pickletools.opcodes if op.code == code), f"opcode {found.group(1)}")
+    try:
+        protocol, _, named = pickle_contents(str(path))
+    except Exception:  # noqa: BLE001  (a file pickletools cannot read either: torch's failure stands)
+        return None
+    needs = foreign_globals(named)
+    if needs:
+        return CheckpointRefused(refusal_message(what, ", ".join(needs)) + f" (it is pickled with protocol {protocol})")
+    return CheckpointRefused(
+        f"{what}: refused: it is pickled with protocol {protocol}, whose {opname} torch's weights-only unpickler does "
+        "not read; re-save it with torch.save's default protocol (2), or if you trust this file, load it with "
+        f"{TRUST_ENV}=1")
+
+
 def refusal_message(what: str, needs: str) -> str:
     return (f"{what}: refused: its pickle needs {needs}, which no fairseq or fairseq-pe checkpoint holds, and "
             f"loading it could run code; if you trust this file, load it with {TRUST_ENV}=1")
 
 
 @contextlib.contextmanager
-def checkpoint_loading(what: str):
+def checkpoint_loading(what: str, path=None):
     """``torch.load`` inside the block loads a checkpoint safely (``weights_only=True`` with the allowlist), or as a
     trusted file with ``FAIRSEQ_PE_TRUST_CHECKPOINTS=1``; a refusal is a :class:`CheckpointRefused` that names
-    ``what`` (``checkpoint PATH``, ``--ema-seed-model PATH``), what the file needs, and the variable."""
+    ``what`` (``checkpoint PATH``, ``--ema-seed-model PATH``), what the file needs, and the variable.  Given the
+    file's ``path``, a pickle that the unpickler cannot read is refused saying what it needs
+    (:func:`unsupported_pickle`)."""
     if trusted():
         with trusted_torch_load():
             yield
@@ -203,6 +300,9 @@ def checkpoint_loading(what: str):
         failure = unpickling_failure(e)
         if failure is None:
             raise
+        unsupported = unsupported_pickle(what, path, failure)
+        if unsupported is not None:
+            raise unsupported from None
         # a damaged or foreign file: the caller reports an UnpicklingError as a file that cannot be read
         raise pickle.UnpicklingError(f"the weights-only unpickler stopped: {failure}") from e
 
@@ -215,6 +315,6 @@ def load(path, what: str = None, map_location="cpu"):
     from fairseq_pe.compat.literal_options import check_options
 
     what = what or f"checkpoint {path}"
-    with checkpoint_loading(what):
+    with checkpoint_loading(what, path):
         state = torch.load(path, map_location=map_location)
     return check_options(state, what)

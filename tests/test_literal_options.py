@@ -6,6 +6,11 @@ The checkpoint is a real one (fairseq's Trainer after one update) whose ``cfg.mo
 string of code: it holds only allow-listed types, so the weights-only load takes it, and fairseq's
 ``MultiheadAttention`` ran it through ``utils.eval_str_dict`` while the model was built.
 
+Every entry point of the issue is run: fairseq-generate, -interactive, -validate and -eval-lm, the hub,
+``load_model_ensemble_and_task``, fairseq-pe-analyze, -warm-start-floater, -bucket-loss and -lm-lengths (the last
+reporting its fairseq-eval-lm's refusal as its own one line).  A checkpoint that cannot become the command's model
+(another kind of model, an override that adds weights, an architecture no registry holds) is one line too.
+
 Mutations caught: the helpers left as fairseq's (``test_fairseqs_helpers_parse_literals``); the check left out of
 the loader (every entry point of ``test_every_entry_point_refuses_code_in_an_option``: the marker file appears);
 the check by a field list that misses the bare ``xformers_att_config`` (the checkpoint's field);
@@ -85,21 +90,35 @@ def poisoned(tmp_path_factory):
     else:
         model_cfg["xformers_att_config"] = code
     torch.save(state, root / "checkpoint_evil.pt")
-    return {"data": data, "root": root, "good": good, "evil": str(root / "checkpoint_evil.pt"), "marker": marker}
+    lm = str(root / "lm")  # the source side as a language model's test split, for fairseq-eval-lm's doors
+    cli("fairseq-preprocess", "--only-source", "--testpref", root / "raw" / "test.src", "--srcdict",
+        os.path.join(data, "dict.src.txt"), "--destdir", lm, "--workers", "1")
+    return {"data": data, "root": root, "good": good, "evil": str(root / "checkpoint_evil.pt"), "marker": marker,
+            "lm": lm}
 
 
-ENTRY_POINTS = ["fairseq-generate", "fairseq-interactive", "hub", "load_model_ensemble", "fairseq-pe-analyze",
-                "warm-start-floater"]
+ENTRY_POINTS = ["fairseq-generate", "fairseq-interactive", "fairseq-validate", "fairseq-eval-lm", "hub",
+                "load_model_ensemble", "fairseq-pe-analyze", "warm-start-floater", "fairseq-pe-bucket-loss",
+                "fairseq-pe-lm-lengths"]
 
 
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
 def test_every_entry_point_refuses_code_in_an_option(entry, poisoned, capsys):
     data, evil, marker = poisoned["data"], poisoned["evil"], poisoned["marker"]
     field = "cfg.model.xformers_att_config"
-    if entry in ("fairseq-generate", "fairseq-interactive"):
-        args = [data, "--user-dir", PLUGIN, "--path", evil, "--cpu", "--beam", "1"]
-        proc = cli(entry, *args, *(["--gen-subset", "test"] if entry == "fairseq-generate" else ["--input", "-"]),
-                   check=False)
+    out = str(poisoned["root"] / f"out-{entry}")
+    commands = {
+        "fairseq-generate": [data, "--path", evil, "--beam", "1", "--gen-subset", "test"],
+        "fairseq-interactive": [data, "--path", evil, "--beam", "1", "--input", "-"],
+        "fairseq-validate": [data, "--task", "translation", "--path", evil, "--valid-subset", "test",
+                             "--max-tokens", "1000"],
+        "fairseq-eval-lm": [poisoned["lm"], "--path", evil, "--gen-subset", "test"],
+        "fairseq-pe-bucket-loss": [data, "--system", f"evil={evil}", "--out", out, "--cpu"],
+        "fairseq-pe-lm-lengths": ["--data", poisoned["lm"], "--checkpoint", f"evil={evil}", "--train-length", "8",
+                                  "--out", out]}
+    if entry in commands:
+        plugin = [] if entry.startswith("fairseq-pe-") else ["--user-dir", PLUGIN, "--cpu"]
+        proc = cli(entry, *commands[entry], *plugin, check=False)
         assert_user_error(proc, entry, field, "not a literal", evil)
     elif entry in ("hub", "load_model_ensemble"):
         from fairseq import checkpoint_utils
@@ -115,7 +134,6 @@ def test_every_entry_point_refuses_code_in_an_option(entry, poisoned, capsys):
         from fairseq_pe.analysis import cli as analyze
         from fairseq_pe.warm_start import floater
 
-        out = str(poisoned["root"] / f"out-{entry}")
         main, prog = (analyze.main, entry) if entry == "fairseq-pe-analyze" else \
             (floater.cli_main, "fairseq-pe-warm-start-floater")
         assert exit_status(main, [evil, out]) == 2 if main is floater.cli_main else \
@@ -242,3 +260,48 @@ def test_files_that_are_no_checkpoint_are_one_line_for_every_loader(content, poi
             checkpoint_utils.load_checkpoint_to_cpu(str(path))
     with pytest.raises(UserError, match=f"--ema-seed-model {path}"):
         checkpoint_utils.load_ema_from_checkpoint(str(path))
+
+
+def _with_architecture(state_path, out, name, old_format):
+    state = torch.load(state_path, weights_only=False)  # the test's own file
+    model = state["cfg"]["model"]
+    model.arch, model._name = name, name
+    if old_format:  # fairseq's format before its dataclasses: the options in "args", no "cfg"
+        state["args"], state["cfg"] = model, None
+    torch.save(state, out)
+    return str(out)
+
+
+@pytest.mark.parametrize("case", ["translation-to-eval-lm", "override-adds-weights", "unknown-arch-cfg",
+                                  "unknown-arch-args"])
+def test_a_checkpoint_that_cannot_become_the_commands_model_is_one_line(case, poisoned, tmp_path):
+    """Issue 55, 6: a translation checkpoint given to fairseq-eval-lm (``AttributeError: supported_targets``), an
+    override that adds parameters (torch's "Missing key(s)" over several lines), an architecture no registry holds
+    (``IndexError`` in fairseq's own message, or ``KeyError`` from the old format)."""
+    data, good = poisoned["data"], poisoned["good"]
+    if case == "translation-to-eval-lm":
+        proc = cli("fairseq-eval-lm", poisoned["lm"], "--path", good, "--user-dir", PLUGIN, "--cpu", "--gen-subset",
+                   "test", check=False)
+        assert_user_error(proc, "fairseq-eval-lm", "the checkpoint's model is transformer_pe, an encoder-decoder",
+                          "fairseq-generate")
+        return
+    if case == "override-adds-weights":
+        path, extra = good, ["--model-overrides", "{'pe_relative': 'kerple-log'}"]
+        expected = ["its weights do not fit the model", "weights the file lacks",
+                    "--model-overrides {'pe_relative': 'kerple-log'} changes which weights the model has"]
+    else:
+        path = _with_architecture(good, tmp_path / "arch.pt", "no_such_arch", old_format=case.endswith("args"))
+        extra = []
+        expected = [f"checkpoint {path}: its model architecture 'no_such_arch'",
+                    "args.arch" if case.endswith("args") else "cfg.model._name", "--user-dir"]
+    proc = cli("fairseq-generate", data, "--user-dir", PLUGIN, "--path", path, "--cpu", "--beam", "1",
+               "--gen-subset", "test", *extra, check=False)
+    assert_user_error(proc, "fairseq-generate", *expected)
+
+
+def test_a_checkpoint_of_an_unknown_architecture_still_averages(poisoned, tmp_path):
+    """The architecture is checked where a model is built: a checkpoint that is only read keeps loading."""
+    from fairseq import checkpoint_utils
+
+    path = _with_architecture(poisoned["good"], tmp_path / "arch.pt", "no_such_arch", old_format=False)
+    assert checkpoint_utils.load_checkpoint_to_cpu(path)["model"]

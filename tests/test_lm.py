@@ -333,6 +333,11 @@ def test_long_evaluation_of_the_language_model_is_linear_in_memory(name, monkeyp
                                                             "--tokens-per-sample 8"),
     (["--tokens-per-sample", "16", "--max-tokens", "1"], "--max-tokens 1 cannot hold one window of 16 tokens"),
     (["--gen-subset", "nosuch"], "--gen-subset nosuch: no such split in"),
+    # a sentence kept whole is longer than a batch: fairseq's Cython assertion before (fairseq-eval-lm's default
+    # --max-tokens, 36000, against a longer sentence, here 8 against the corpus's 5-15 tokens)
+    (["--sample-break-mode", "eos", "--tokens-per-sample", "4", "--max-tokens", "8"],
+     "samples are longer than a batch may hold (the longest has 14 tokens), and fairseq batches every sample whole; "
+     "give --max-tokens 14 or more"),
 ])
 def test_eval_lm_options_that_cannot_evaluate_are_one_line(lm_data, flags, message):
     """Issue 55, 5 and 6: a negative --context-window was evaluated as none (exit 0); the others were tracebacks."""
@@ -340,3 +345,40 @@ def test_eval_lm_options_that_cannot_evaluate_are_one_line(lm_data, flags, messa
     proc = eval_lm(lm_data, checkpoint, *flags, check=False)
     assert_user_error(proc, "fairseq-eval-lm", message)
     assert "Perplexity" not in proc.stdout + proc.stderr
+
+
+def test_complete_doc_says_which_tokens_it_leaves_out(lm_data, tmp_path):
+    """Issue 55, 5: ``--sample-break-mode complete_doc`` scored all but the empty lines between documents without a
+    word; one line now says how many and why, and the count matches fairseq's own."""
+    checkpoint = train_lm(lm_data, "alibi")
+    text = (lm_data / "test.txt").read_text().splitlines()
+    with open(tmp_path / "docs.txt", "w") as f:
+        f.write("\n".join(line + ("\n" if i % 6 == 5 else "") for i, line in enumerate(text)) + "\n")
+    separators = len(text) // 6
+    cli("fairseq-preprocess", "--only-source", "--testpref", tmp_path / "docs.txt", "--srcdict",
+        lm_data / "bin" / "dict.txt", "--destdir", tmp_path / "bin", "--workers", "1")
+    total = sum(len(line.split()) + 1 for line in text) + separators
+    proc = cli("fairseq-eval-lm", tmp_path / "bin", "--path", checkpoint, "--user-dir", PLUGIN, "--gen-subset", "test",
+               "--cpu", "--num-workers", "0", "--sample-break-mode", "complete_doc")
+    evaluated, _ = perplexity(proc)
+    assert evaluated == total - separators
+    assert (f"--sample-break-mode complete_doc: the {separators} empty lines of test separate documents and are not "
+            f"scored (fairseq leaves them out of every block): {evaluated:,} of {total:,} tokens") in proc.stderr
+    full, _ = perplexity(cli("fairseq-eval-lm", tmp_path / "bin", "--path", checkpoint, "--user-dir", PLUGIN,
+                             "--gen-subset", "test", "--cpu", "--num-workers", "0", "--sample-break-mode", "eos"))
+    assert full == total  # and the default --max-tokens holds every sentence (issue 55, 6)
+
+
+def test_a_language_model_given_to_translation_is_one_line(lm_data, tmp_path):
+    """Issue 55, 6: fairseq-generate --task translation built the language model over the translation
+    dictionaries and failed loading its weights (torch's size mismatch, a traceback)."""
+    checkpoint = train_lm(lm_data, "alibi")
+    for side in ("src", "tgt"):
+        (tmp_path / f"test.{side}").write_text((lm_data / "test.txt").read_text())
+    cli("fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", tmp_path / "test",
+        "--testpref", tmp_path / "test",
+        "--destdir", tmp_path / "bin", "--joined-dictionary", "--workers", "1")
+    proc = cli("fairseq-generate", tmp_path / "bin", "--path", checkpoint, "--user-dir", PLUGIN, "--cpu", "--beam",
+               "1", "--gen-subset", "test", check=False)
+    assert_user_error(proc, "fairseq-generate", "the checkpoint's model is transformer_lm_pe, a language model",
+                      "fairseq-eval-lm")

@@ -11,7 +11,10 @@
   ``fairseq-generate --path``, ``fairseq-train --restore-file`` and ``--ema-seed-model`` (command lines),
   ``fairseq-pe-analyze``, ``fairseq-pe-average-checkpoints``, ``fairseq-pe-warm-start-floater`` (their ``main`` in
   this process), the hub's ``from_pretrained`` and the resume broadcast.  With the variable set it is trusted (the
-  command runs: MARKER is made); torch's ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` does not trust it.
+  command runs: MARKER is made); torch's ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` does not trust it.  In every pickle
+  protocol (0-5), torch's zip format or its legacy one, the refusal names the global (issue 55, 7: protocols 0, 1,
+  4 and 5 stopped torch's unpickler at an opcode it does not read, reported as a truncated file); a legitimate
+  checkpoint pickled with protocol 4 is refused naming the protocol to re-save it with.
 * Legitimate checkpoints load through ``fairseq-generate --path`` (stock fairseq's), averaging and the hub; the
   allowlist is scoped (torch's own ``torch.load`` and a caller's ``add_safe_globals`` are as they were).  The
   fixtures, analysis, the warm starts, ``--restore-file``, ``--ema-seed-model`` and the multi-process resume load
@@ -369,3 +372,26 @@ def test_damaged_files_are_still_unreadable_files(tmp_path, untrusted):
     with pytest.raises(UserError, match="cannot be read .*weights-only unpickler stopped") as e:
         checkpoint_utils.load_checkpoint_to_cpu(str(text))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy"])
+@pytest.mark.parametrize("protocol", [0, 1, 2, 3, 4, 5])
+def test_a_payload_in_every_pickle_protocol_is_refused_naming_what_it_needs(protocol, zip_format, tmp_path,
+                                                                               untrusted):
+    marker, path = tmp_path / "MARKER", tmp_path / "evil.pt"
+    torch.save({"model": {}, "cfg": None, "payload": Payload(f"touch {marker}")}, path, pickle_protocol=protocol,
+               _use_new_zipfile_serialization=zip_format)
+    with pytest.raises(safe_load.CheckpointRefused, match=rf"evil\.pt: refused: its pickle needs {SYSTEM}, ") as e:
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    assert "truncated" not in str(e.value) and "\n" not in str(e.value)
+    assert not marker.exists()
+
+
+def test_a_good_checkpoint_pickled_with_protocol_4_is_refused_naming_the_protocol(tmp_path, untrusted):
+    path = tmp_path / "p4.pt"
+    torch.save({"model": {"w": torch.ones(2)}, "cfg": None}, path, pickle_protocol=4)
+    with pytest.raises(safe_load.CheckpointRefused, match="it is pickled with protocol 4, whose FRAME torch's "
+                                                          "weights-only unpickler does not read; re-save it"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    assert safe_load.pickle_contents(str(path))[2] <= {"torch._utils._rebuild_tensor_v2", "collections.OrderedDict",
+                                                       "torch.FloatStorage"}

@@ -113,6 +113,8 @@ def data_bin(tmp_path_factory):
     (("--pe-relative", "rope", "--pe-relative-untie-heads"), ("--pe-relative-untie-heads has no effect",)),
     (("--pe-absolute", "learned", "--pe-sinusoid-scale", "0.5"),
      ("--pe-sinusoid-scale applies to --pe-absolute sinusoidal / learnable-sinusoidal / sinusoidal-fairseq only",)),
+    # issue 55, 6: an ImportError (no fairscale) or "Torch not compiled with CUDA enabled" before
+    (("--ddp-backend", "fully_sharded"), ("--ddp-backend fully_sharded", "CUDA GPUs only", "(--cpu is given)")),
 ])
 def test_fairseq_train_reports_a_bad_option_in_one_line(data_bin, tmp_path, flags, fragments):
     proc = cli("fairseq-train", data_bin, "--user-dir", PLUGIN, *TRAIN, "--save-dir", str(tmp_path), *flags,

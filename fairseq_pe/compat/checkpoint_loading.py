@@ -8,14 +8,19 @@ torch >= 2.6 loads with ``weights_only=True`` by default; fairseq 0.12's checkpo
 checkpoint) loads them with ``weights_only=True`` and the allowlist of :mod:`fairseq_pe.safe_load`: a file that needs
 more is refused naming what it needs, unless ``FAIRSEQ_PE_TRUST_CHECKPOINTS=1`` trusts it; a missing or corrupt
 file is a :class:`~fairseq_pe.errors.UserError` naming it.  Checkpoints written by fairseq-pe 0.1 get their options
-upgraded (:func:`fairseq_pe.models.options.upgrade_checkpoint_options`).
+upgraded (:func:`fairseq_pe.models.options.upgrade_checkpoint_options`).  What a loaded checkpoint cannot become
+is one line too: an architecture that no registry holds (fairseq's ``KeyError``/``IndexError``), and weights that do
+not fit the model built for the command (torch's "Error(s) in loading state_dict", one line per key: the likely
+cause named, a ``--model-overrides`` that adds parameters or another data folder's dictionaries).
 
-Extension point: none; fairseq 0.12 has no hook around ``torch.load`` in ``checkpoint_utils`` (a wrapper, once).
+Extension point: none; fairseq 0.12 has no hook around ``torch.load``, its option upgrade, ``models.build_model`` or
+the ensemble's ``load_state_dict`` in ``checkpoint_utils`` (wrappers, once).
 """
 
 import functools
 import os
 import pickle
+import re
 import zipfile
 
 from fairseq_pe.compat.patching import fairseq_matches, patch
@@ -68,6 +73,57 @@ def _read_as_user_errors(what: str, load):
                         "dict with 'model', 'cfg' or 'args', and 'extra_state'") from None
 
 
+class UnknownArchitecture(UserError):
+    """A checkpoint whose model architecture is not registered in this process."""
+
+
+def _unknown_architecture(name, field: str):
+    """An :class:`UnknownArchitecture` for ``name`` where no registry of fairseq's holds it, else None."""
+    import difflib
+
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_DATACLASS_REGISTRY, MODEL_REGISTRY
+
+    known = {*ARCH_MODEL_REGISTRY, *MODEL_REGISTRY, *MODEL_DATACLASS_REGISTRY}
+    if not isinstance(name, str) or name in known:
+        return None
+    close = difflib.get_close_matches(name, sorted(known), n=3)
+    return UnknownArchitecture(
+        f"its model architecture {name!r} ({field}) is not registered in this process: a plugin's architecture "
+        "needs the plugin's --user-dir (fairseq-pe's: --user-dir fairseq_pe)"
+        + (f"; registered names close to it: {', '.join(close)}" if close else ""))
+
+
+def _architecture_checked(upgrade_state_dict):
+    """A checkpoint of fairseq's old format (``args``) names an architecture that is not registered: fairseq's
+    conversion of its options failed with ``KeyError: 'NAME'``; one line naming it."""
+    @functools.wraps(upgrade_state_dict)
+    def wrapper(state, *args, **kwargs):
+        old = state.get("args") if isinstance(state, dict) else None
+        unknown = _unknown_architecture(getattr(old, "arch", None), "args.arch") if old is not None else None
+        if unknown is not None:
+            raise unknown
+        return upgrade_state_dict(state, *args, **kwargs)
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
+def _build_checked(build_model):
+    """A model configuration (a checkpoint's ``cfg.model``) whose architecture is not registered: fairseq's
+    ``build_model`` failed formatting its own message (``IndexError``); one line naming it.  A checkpoint that is
+    only read (averaged, say) is not built, and keeps loading."""
+    @functools.wraps(build_model)
+    def wrapper(cfg, *args, **kwargs):
+        name = getattr(cfg, "_name", None) or getattr(cfg, "arch", None)
+        unknown = _unknown_architecture(name, "cfg.model._name" if getattr(cfg, "_name", None) else "cfg.model.arch")
+        if unknown is not None:
+            raise unknown
+        return build_model(cfg, *args, **kwargs)
+
+    wrapper._fairseq_pe_patched = True
+    return wrapper
+
+
 def _load_checkpoint_safely(load_checkpoint_to_cpu):
     @functools.wraps(load_checkpoint_to_cpu)
     def wrapper(path, *args, **kwargs):
@@ -75,13 +131,16 @@ def _load_checkpoint_safely(load_checkpoint_to_cpu):
             raise UserError(f"checkpoint {path}: no such file (check --path / --restore-file)")
 
         def load():
-            with checkpoint_loading(f"checkpoint {path}"):
+            with checkpoint_loading(f"checkpoint {path}", path if _is_local(path) else None):
                 loaded = load_checkpoint_to_cpu(path, *args, **kwargs)
             if not isinstance(loaded, dict) or "model" not in loaded:
                 raise KeyError("model")
             return loaded
 
-        state = _read_as_user_errors(f"checkpoint {path}", load)
+        try:
+            state = _read_as_user_errors(f"checkpoint {path}", load)
+        except UnknownArchitecture as e:
+            raise UnknownArchitecture(f"checkpoint {path}: {e}") from None
         from fairseq_pe.compat.literal_options import check_options
         from fairseq_pe.models.options import upgrade_checkpoint_options
 
@@ -100,7 +159,7 @@ def _ema_seed_safely(load_ema_from_checkpoint):
             raise UserError(f"--ema-seed-model {path}: no such checkpoint file")
 
         def load():
-            with checkpoint_loading(f"--ema-seed-model {path}"):
+            with checkpoint_loading(f"--ema-seed-model {path}", path if _is_local(path) else None):
                 return load_ema_from_checkpoint(path, *args, **kwargs)
 
         return _read_as_user_errors(f"--ema-seed-model {path}", load)
@@ -124,6 +183,39 @@ def _broadcast_safely(broadcast_object):
     return wrapper
 
 
+def _listed(names, most: int = 3) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def weights_mismatch(error: RuntimeError, filenames, overrides) -> UserError:
+    """torch's "Error(s) in loading state_dict" (one line per key) as one line: the checkpoint's weights do not
+    fit the model built from its options with the command's task, data and ``--model-overrides``; the likely
+    cause named (an override that adds or removes parameters, another data folder's dictionaries)."""
+    text = str(error)
+    missing = re.findall(r'"([^"]+)"', (re.search(r"Missing key\(s\) in state_dict:([^\n]*)", text) or ["", ""])[1])
+    unexpected = re.findall(r'"([^"]+)"',
+                            (re.search(r"Unexpected key\(s\) in state_dict:([^\n]*)", text) or ["", ""])[1])
+    sizes = re.findall(r"size mismatch for ([^:]+): copying a param with shape torch\.Size\((\[[^\]]*\])\) from "
+                       r"checkpoint, the shape in current model is torch\.Size\((\[[^\]]*\])\)", text)
+    parts = ([f"the model has {len(missing)} weights the file lacks ({_listed(missing)})"] if missing else []) + \
+        ([f"the file has {len(unexpected)} the model lacks ({_listed(unexpected)})"] if unexpected else []) + \
+        ([f"{len(sizes)} differ in shape ({_listed([f'{n}: {a} in the file, {b} in the model' for n, a, b in sizes], 2)})"]
+         if sizes else [])
+    names = [str(name) for name in filenames]
+    what = f"checkpoint {names[0]}" if len(names) == 1 else f"one of the checkpoints {', '.join(names)}"
+    user_overrides = {k: v for k, v in (overrides or {}).items() if k != "data"}
+    if user_overrides and (missing or unexpected):
+        cause = (f"--model-overrides {user_overrides} changes which weights the model has; an override may change "
+                 "how a trained model computes (e.g. --pe-rope-scaling), not which parameters it has")
+    elif any(name.endswith(("embed_tokens.weight", "output_projection.weight")) for name, _, _ in sizes):
+        cause = ("the dictionaries of the data folder are not the ones it was trained with (their sizes differ): give "
+                 "the data folder it was trained on, or the model's task (--task)")
+    else:
+        cause = "the options of the command (--task, --model-overrides, the data folder) build another model"
+    return UserError(f"{what}: its weights do not fit the model built for this command: {'; '.join(parts) or text}: "
+                     f"{cause}")
+
+
 def _model_files_checked(load_model_ensemble_and_task):
     @functools.wraps(load_model_ensemble_and_task)
     def wrapper(filenames, *args, **kwargs):
@@ -131,7 +223,17 @@ def _model_files_checked(load_model_ensemble_and_task):
             for name in filenames:
                 if _is_local(name) and not os.path.exists(name):
                     raise UserError(f"--path {name}: no such checkpoint file")
-        return load_model_ensemble_and_task(filenames, *args, **kwargs)
+        try:
+            return load_model_ensemble_and_task(filenames, *args, **kwargs)
+        except UnknownArchitecture as e:
+            if len(filenames) != 1 or str(e).startswith("checkpoint "):
+                raise
+            raise UnknownArchitecture(f"checkpoint {filenames[0]}: {e}") from None
+        except RuntimeError as e:
+            if "Error(s) in loading state_dict" not in str(e):
+                raise
+            overrides = kwargs.get("arg_overrides", args[0] if args else None)
+            raise weights_mismatch(e, filenames, overrides) from e
 
     wrapper._fairseq_pe_patched = True
     return wrapper
@@ -180,7 +282,7 @@ def apply() -> bool:
     if not fairseq_matches(FIXES_FAIRSEQ, "checkpoint_loading",
                            "fairseq's checkpoints may not load on this torch (weights_only)"):
         return False
-    from fairseq import checkpoint_utils
+    from fairseq import checkpoint_utils, models
     from fairseq.distributed import utils as distributed_utils
 
     patch(distributed_utils, "broadcast_object", _broadcast_safely)
@@ -188,4 +290,6 @@ def apply() -> bool:
     patch(checkpoint_utils, "load_checkpoint_to_cpu", _load_checkpoint_safely)
     patch(checkpoint_utils, "load_ema_from_checkpoint", _ema_seed_safely)
     patch(checkpoint_utils, "load_checkpoint", _restore_path_checked)
+    patch(checkpoint_utils, "_upgrade_state_dict", _architecture_checked)
+    patch(models, "build_model", _build_checked)
     return True

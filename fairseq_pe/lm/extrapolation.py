@@ -181,7 +181,11 @@ def run_logged(cmd: List[str], log_path: str) -> Tuple[subprocess.CompletedProce
 
 
 def failed(where: str, tool: str, proc: subprocess.CompletedProcess, log_path: str) -> UserError:
-    """The error of a tool that exited non-zero: its status, its log, the end of its output."""
+    """The error of a tool that exited non-zero: its own one-line user error (exit status 2), or its status, its
+    log and the end of its output."""
+    errors = _ERROR_LINE.findall(proc.stdout)
+    if proc.returncode == 2 and errors:
+        return UserError(f"{where}: {tool}: {errors[-1].strip()} (its output in {log_path})")
     return UserError(f"{where}: {tool} failed (exit {proc.returncode}), its output in {log_path}:\n"
                      f"{proc.stdout[-2000:]}")
 

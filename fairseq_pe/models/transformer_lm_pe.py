@@ -30,6 +30,7 @@ from .floater_setup import apply_floater_freezing, build_floater_flow
 from .layers import exact_retain_dropout_modules, numbered_layers, use_stock_dropout_names
 from .options import (add_position_encoding_args, check_finite_position_args, position_encoding_defaults,
                       validate_position_args)
+from .task_fit import check_language_modeling_task
 from .transformer_pe import TransformerPEDecoder
 
 
@@ -68,6 +69,7 @@ class TransformerPELanguageModel(TransformerLanguageModel):
     @classmethod
     def build_model(cls, args, task):
         with as_user_errors():  # a bad option is the user's to fix: one line, exit 2 (fairseq_pe.errors)
+            check_language_modeling_task(task)
             base_lm_architecture(args)
             validate_position_args(args)
             if getattr(args, "character_embeddings", False):
@@ -101,6 +103,7 @@ class TransformerPELanguageModel(TransformerLanguageModel):
         with as_user_errors():
             self._check_evaluation_options(cfg)
             self._check_sliding_window(cfg)
+            self._report_document_separators(cfg)
             super().prepare_for_inference_(cfg)
 
     @staticmethod
@@ -136,6 +139,32 @@ class TransformerPELanguageModel(TransformerLanguageModel):
                 splits = sorted({name.rsplit(".", 1)[0] for name in os.listdir(folder) if name.endswith(".idx")})
                 raise UserError(f"--gen-subset {subset}: no such split in {folder} (it has: "
                                 f"{', '.join(splits) or 'none'})")
+
+    @staticmethod
+    def _report_document_separators(cfg):
+        """``--sample-break-mode complete_doc`` takes the empty lines of the split as document boundaries and leaves
+        them out of every block (fairseq's ``TokenBlockDataset``): ``fairseq-eval-lm`` then evaluated fewer tokens
+        than the split holds without a word.  One line says how many are left out, and why."""
+        import logging
+        import os
+
+        from fairseq import utils
+        from fairseq.data import data_utils
+
+        task = getattr(cfg, "task", None)
+        subset = getattr(getattr(cfg, "dataset", None), "gen_subset", None)
+        if getattr(task, "sample_break_mode", None) != "complete_doc" or not subset or not getattr(task, "data", None):
+            return
+        dataset = data_utils.load_indexed_dataset(os.path.join(utils.split_paths(task.data)[0], subset), None)
+        if dataset is None:
+            return  # fairseq reports the missing split
+        sizes = dataset.sizes
+        separators, total = int((sizes == 1).sum()), int(sizes.sum())
+        if separators:
+            logging.getLogger("fairseq_pe").warning(
+                f"--sample-break-mode complete_doc: the {separators:,} empty lines of {subset} separate documents and "
+                f"are not scored (fairseq leaves them out of every block): {total - separators:,} of {total:,} tokens "
+                "are evaluated; --sample-break-mode eos, complete or none score them")
 
     def _check_sliding_window(self, cfg):
         """``fairseq-eval-lm --context-window C``: each window holds ``--tokens-per-sample`` tokens (fairseq has taken C

@@ -23,6 +23,7 @@ from .layers import (PositionAwareDecoderLayer, PositionAwareEncoderLayer, block
                      numbered_layers, use_stock_dropout_names, wrap_layer)
 from .options import (add_position_encoding_args, check_finite_position_args, position_encoding_defaults,
                       validate_position_args)
+from .task_fit import check_translation_task
 
 
 def build_position_injector(cfg, num_blocks: int, embed_dim: int, num_heads: int, padding_idx: int, side: str,
@@ -196,6 +197,7 @@ class TransformerPEModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         with as_user_errors():  # a bad option is the user's to fix: one line, exit 2 (fairseq_pe.errors)
+            check_translation_task(task)
             base_architecture(args)
             validate_position_args(args)
             with numbered_layers(args):
