@@ -48,15 +48,20 @@ def _user_error(exc):
     return exc if isinstance(exc, UserError) else None
 
 
+def _write_user_error(exc):
+    """``PROG: error: MESSAGE`` on stderr, after what stdout holds."""
+    try:
+        sys.stdout.flush()
+    except Exception:  # noqa: BLE001  (a closed stdout must not hide the message)
+        pass
+    sys.stderr.write(user_error_message(exc) + "\n")
+    sys.stderr.flush()
+
+
 def _handle(exc_type, exc, tb, previous):
     user_error = _user_error(exc)
     if user_error is not None and not os.environ.get(TRACEBACK_ENV):
-        try:
-            sys.stdout.flush()
-        except Exception:  # noqa: BLE001  (a closed stdout must not hide the message)
-            pass
-        sys.stderr.write(user_error_message(user_error) + "\n")
-        sys.stderr.flush()
+        _write_user_error(user_error)
         # argparse's status for a usage error: SystemExit raised by the hook ends the interpreter with it, as
         # sys.exit(2) does (CPython's PyErr_Print handles a SystemExit from sys.excepthook), atexit handlers run
         raise SystemExit(2)
@@ -77,6 +82,29 @@ def fairseq_cli_process() -> bool:
         return True
     script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     return script.startswith("fairseq-") and not script.startswith("fairseq-pe") and "fairseq_cli" in sys.modules
+
+
+def hydra_cli_process() -> bool:
+    """Whether this process is ``fairseq-hydra-train`` (or ``python -m fairseq_cli.hydra_train``): Hydra prints any
+    exception of the run with its traceback and exits 1, so the excepthook never sees a user error there."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name == "fairseq_cli.hydra_train":
+        return True
+    return bool(sys.argv) and os.path.basename(sys.argv[0] or "") == "fairseq-hydra-train"
+
+
+@contextlib.contextmanager
+def hydra_user_errors():
+    """In ``fairseq-hydra-train`` (:func:`hydra_cli_process`), a :class:`UserError` raised inside the block ends the
+    process as the excepthook ends fairseq's other tools: ``PROG: error: MESSAGE`` and exit status 2 (a
+    ``SystemExit``, which Hydra's handler of exceptions lets through).  Elsewhere the error propagates."""
+    try:
+        yield
+    except UserError as exc:
+        if not hydra_cli_process() or os.environ.get(TRACEBACK_ENV):
+            raise
+        _write_user_error(exc)
+        raise SystemExit(2) from exc
 
 
 def install_excepthook():

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import warnings
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclasses_fields
 from functools import lru_cache
 from typing import Dict, List, Optional, Tuple
 
@@ -431,6 +432,8 @@ def check_fairseq(program: str, args: List[str], elided: bool, prefix: str) -> L
     from fairseq.registry import REGISTRIES
     from fairseq.tasks import TASK_REGISTRY
 
+    if program == "fairseq-hydra-train":
+        return check_hydra(args, elided, prefix)
     if program not in FAIRSEQ_PARSERS:
         return [f"{prefix}: no parser known for {program} (add it to FAIRSEQ_PARSERS of tests/doc_commands.py)"]
     with_user_dir = _option(args, "--user-dir") is not None
@@ -445,6 +448,56 @@ def check_fairseq(program: str, args: List[str], elided: bool, prefix: str) -> L
         f"{prefix}: --{name.replace('_', '-')} {choice} comes from fairseq_pe: the command needs --user-dir fairseq_pe"
         for name, choice in chosen.items() if isinstance(choice, str)
         and getattr(registries[name].get(choice), "__module__", "").split(".")[0] == "fairseq_pe"]
+
+
+def check_hydra(args: List[str], elided: bool, prefix: str) -> List[str]:
+    """``fairseq-hydra-train --config-dir DIR --config-name NAME [+]KEY=VALUE ...``: Hydra's two options (the
+    name required), overrides of the form ``[+]section.key=value``, a ``model.pe_*`` key a field of the typed position
+    options and its value one of the field's choices, ``common.user_dir`` the plugin folder."""
+    from fairseq_pe.models.position_config import PositionEncodingConfig
+
+    fields = {f.name: f for f in dataclasses_fields(PositionEncodingConfig)}
+    problems, i, named = [], 0, False
+    while i < len(args):
+        word = args[i]
+        if word in ("--config-dir", "--config-name", "-cd", "-cn"):
+            named = named or word in ("--config-name", "-cn")
+            i += 2
+            continue
+        if word.startswith("-"):
+            problems.append(f"{prefix}: {word}: fairseq-hydra-train takes --config-dir, --config-name and overrides")
+        elif PLACEHOLDER.fullmatch(word) or word in ELLIPSIS:
+            pass
+        elif not re.fullmatch(r"\+?[\w.]+=.*", word):
+            problems.append(f"{prefix}: {word}: not a Hydra override ([+]section.key=value)")
+        else:
+            key, value = word.lstrip("+").split("=", 1)
+            if key.startswith("model.pe_"):
+                name = key[len("model."):]
+                field = fields.get(name)
+                if field is None:
+                    problems.append(f"{prefix}: {key}: no such position option")
+                else:
+                    choices = getattr(_enum_of(field.type), "__members__", None)
+                    if choices and value not in [m.value for m in _enum_of(field.type)]:
+                        problems.append(f"{prefix}: {key}={value}: not one of its choices")
+            if key == "common.user_dir" and not PLACEHOLDER.fullmatch(value) and \
+                    os.path.realpath(os.path.join(REPO, value)) != os.path.realpath(PLUGIN):
+                problems.append(f"{prefix}: common.user_dir={value} is not the plugin folder fairseq_pe")
+        i += 1
+    if not named and not elided:
+        problems.append(f"{prefix}: fairseq-hydra-train needs --config-name")
+    return problems
+
+
+def _enum_of(annotation):
+    """The ``ChoiceEnum`` of a field typed ``Optional[ChoiceEnum]``, else None."""
+    import enum
+
+    for candidate in (annotation, *getattr(annotation, "__args__", ())):
+        if isinstance(candidate, type) and issubclass(candidate, enum.Enum):
+            return candidate
+    return None
 
 
 def check_quickstart_systems(ns: argparse.Namespace, prefix: str) -> List[str]:

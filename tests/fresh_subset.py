@@ -49,6 +49,7 @@ FRESH_SUBSET = {
     "fairseq-pe-counting": ["test_counting.py::test_counting_tool_end_to_end"],
     "fairseq-interactive": ["test_lm.py::test_interactive_and_the_hub_generate_from_a_trained_model"],
     "fairseq-eval-lm": ["test_lm_tools.py::test_stock_model_that_skips_samples_is_an_error"],
+    "fairseq-hydra-train": ["test_hydra.py::test_fairseqs_roberta_pretraining_config_runs_with_roberta_pe"],
 }
 #: the modules that run their commands both ways themselves
 BOTH_WAYS = ("test_cli_server.py",)

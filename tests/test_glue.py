@@ -217,6 +217,10 @@ def test_metrics_against_hand_computed_values():
 
 @pytest.fixture(scope="module")
 def glue_bin(tmp_path_factory):
+    return prepare_glue(tmp_path_factory)
+
+
+def prepare_glue(tmp_path_factory):
     """SST-2 and STS-B (first LIMIT examples of each split) prepared with a tiny sentencepiece model."""
     import sentencepiece as spm
 

@@ -19,6 +19,7 @@ from fairseq_pe.compat import (
     constrained_parameters,
     distributed_cpu,
     exact_resume,
+    hydra_errors,
     legacy_ddp_dtypes,
     literal_options,
     numpy2_eos_blocks,
@@ -27,7 +28,7 @@ from fairseq_pe.compat import (
 
 #: every fix, in the order it is applied
 FIXES = (checkpoint_loading, literal_options, archive_extraction, batch_by_size, size_errors, distributed_cpu, bf16_without_tpu, constrained_parameters,
-         legacy_ddp_dtypes, exact_resume, numpy2_eos_blocks)
+         legacy_ddp_dtypes, exact_resume, numpy2_eos_blocks, hydra_errors)
 
 #: the names of the fixes applied in this process (set by :func:`apply`)
 applied = []

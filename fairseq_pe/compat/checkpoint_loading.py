@@ -268,11 +268,14 @@ def _restore_path_checked(load_checkpoint):
                 asked = ("--continue-once", cfg.continue_once)
             elif cfg.finetune_from_model is not None:
                 asked = ("--finetune-from-model", cfg.finetune_from_model)
-        if asked is not None and _is_local(asked[1]) and not os.path.isfile(asked[1]):
-            flag, path = asked
-            raise UserError(f"{flag} {path}: {_why_not_a_file(path)}; nothing was trained or written (fairseq "
-                            f"would have trained from scratch over {cfg.save_dir})")
-        return load_checkpoint(cfg, trainer, **kwargs)
+        from fairseq_pe.errors import hydra_user_errors
+
+        with hydra_user_errors():  # fairseq-hydra-train: one line (fairseq_pe.compat.hydra_errors)
+            if asked is not None and _is_local(asked[1]) and not os.path.isfile(asked[1]):
+                flag, path = asked
+                raise UserError(f"{flag} {path}: {_why_not_a_file(path)}; nothing was trained or written (fairseq "
+                                f"would have trained from scratch over {cfg.save_dir})")
+            return load_checkpoint(cfg, trainer, **kwargs)
 
     wrapper._fairseq_pe_patched = True
     return wrapper

@@ -45,6 +45,12 @@ def _size_errors_named(filter_indices_by_size):
     the plugin's option (a learned table's length, ``--pe-random-positions``) says how many, once."""
     @functools.wraps(filter_indices_by_size)
     def wrapper(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
+        from fairseq_pe.errors import hydra_user_errors
+
+        with hydra_user_errors():  # fairseq-hydra-train: one line (fairseq_pe.compat.hydra_errors)
+            return _filter(self, indices, dataset, max_positions, ignore_invalid_inputs)
+
+    def _filter(self, indices, dataset, max_positions, ignore_invalid_inputs):
         limit = _binding_limit(max_positions)
         try:
             kept = filter_indices_by_size(self, indices, dataset, max_positions, ignore_invalid_inputs)

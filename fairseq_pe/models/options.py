@@ -5,164 +5,20 @@ import contextlib
 import functools
 
 from fairseq_pe.errors import UserError, as_user_errors
-from fairseq_pe.positional import position_encoding_choices
-from fairseq_pe.positional.floater import BOUND_DEFAULTS, add_floater_args, floater_defaults, validate_floater_args
-from fairseq_pe.positional.sinusoid_scale import (TRANSFORMER_DEFAULTS, add_sinusoid_scale_args,
-                                                  sinusoid_scale_defaults, validate_sinusoid_scale_args)
+from fairseq_pe.positional.option_fields import add_dataclass_args
+from fairseq_pe.positional.floater import BOUND_DEFAULTS, floater_defaults, validate_floater_args
+from fairseq_pe.positional.sinusoid_scale import (TRANSFORMER_DEFAULTS, sinusoid_scale_defaults,
+                                                  validate_sinusoid_scale_args)
 from fairseq_pe.systems import POSITIONLESS_RELATIVE
+
+from .position_config import PositionEncodingConfig
 
 
 def add_position_encoding_args(parser):
-    """Add ``--pe-*`` options.  No defaults here: architectures set them (fairseq convention)."""
+    """Add the ``--pe-*`` flags, the fields of :class:`~.position_config.PositionEncodingConfig`.  No defaults
+    here: architectures set them (fairseq convention)."""
     group = parser.add_argument_group("position encodings (fairseq_pe)")
-    group.add_argument(
-        "--pe-absolute", choices=position_encoding_choices("absolute"),
-        help="absolute position encoding added to the token embeddings: none; learned (a table "
-             "of --max-source/target-positions vectors); sinusoidal (fixed, Vaswani et al.); "
-             "learnable-sinusoidal (trainable frequencies, Wang et al.); floater (neural ODE, Liu et "
-             "al.; see --pe-floater-*); sinusoidal-fairseq (fairseq's stock sinusoids, for converted "
-             "stock checkpoints). Default: sinusoidal",
-    )
-    group.add_argument(
-        "--pe-all-blocks", action="store_true",
-        help="inject the absolute encoding at the input of every block, not only at the "
-             "embedding layer (sinusoidal: FLOATER Eq. 7, P(i)+P(n) for block n; learned: one "
-             "table per block; learnable-sinusoidal: frequencies shared by all blocks; floater: "
-             "one initial value per block, dynamics shared, FLOATER §3.2)",
-    )
-
-    group.add_argument(
-        "--pe-relative", choices=position_encoding_choices("relative"),
-        help="relative position encoding in encoder and decoder self-attention (not in "
-             "cross-attention): none; learned (Shaw et al.); sinusoidal (NEZHA); "
-             "learnable-sinusoidal (Wang et al.); rope; p-rope (Barbero et al. 2025); fope (Hua et al. 2024); xpos; alibi; t5; kerple-log, kerple-power (KERPLE); "
-             "sandwich; fire; fox (forgetting attention); cope (contextual positions) (docs/encodings.md). "
-             "Default: none",
-    )
-    group.add_argument(
-        "--pe-relative-max-distance", type=int, metavar="K",
-        help="learned/sinusoidal/learnable-sinusoidal RPE: clip relative distances to [-K, K] (default 64)",
-    )
-    group.add_argument(
-        "--pe-relative-untie-layers", action="store_true",
-        help="learned/learnable-sinusoidal RPE and t5: a separate set per layer instead of one shared by all layers",
-    )
-    group.add_argument(
-        "--pe-relative-untie-heads", action="store_true",
-        help="learned/learnable-sinusoidal RPE: a separate set per attention head instead of one shared by all heads",
-    )
-    group.add_argument("--pe-rope-proportion", type=float, metavar="P",
-                       help="p-rope (Barbero et al. 2025): the share of the dimension pairs that rotate, the "
-                            "floor(P*d/2) of highest frequency at their RoPE values; the others are not rotated "
-                            "(1: RoPE, 0: no positions). Default: 0.75")
-    group.add_argument("--pe-rope-resonance", action="store_true",
-                       help="rope, p-rope: Resonance RoPE (Wang et al. 2024), every wavelength 2*pi/theta rounded to a "
-                            "whole number of tokens, after any --pe-rope-scaling; in training, or at generation time "
-                            "through --model-overrides \"{'pe_rope_resonance': True}\"")
-    group.add_argument("--pe-fope-train-length", type=int, metavar="N",
-                       help="fope (Hua et al. 2024): the training length; RoPE's frequencies below 2*pi/N are "
-                            "clipped to 0 and left out of the Fourier series (needed with --pe-relative fope)")
-    group.add_argument("--pe-fope-pairs", type=int, metavar="O",
-                       help="fope: the pairs of dimensions that carry a Fourier series (the others carry the clipped "
-                            "frequencies). Default: min(M, d/4), M the frequencies kept, d a head's dimension (the "
-                            "authors' code)")
-    group.add_argument("--pe-fope-init-gain", type=float, metavar="G",
-                       help="fope: the gain of the coefficients' xavier-normal initialisation, around the step "
-                            "identity (default 0.3, the authors' configs; 0.4 and 0.6 at 180M and 1.2B)")
-    group.add_argument("--pe-fope-learnable", action="store_true",
-                       help="fope: train the Fourier coefficients (the authors' configs keep them fixed at their "
-                            "random initialisation)")
-    group.add_argument("--pe-fope-unused-pairs", choices=["ones", "unrotated"],
-                       help="fope: the pairs without a series get cos = sin = 1 (ones: the authors' code, a 45-degree "
-                            "turn scaled by sqrt(2)) or cos = 1, sin = 0 (unrotated: a frequency of 0). Default: ones")
-    group.add_argument("--pe-rerope-window", type=int, metavar="W",
-                       help="rope, p-rope: ReRoPE (Su 2023) at inference, the relative position capped at W (with "
-                            "--pe-rerope-leaky-factor K: W + (i-j-W)/K past W); also at generation time through "
-                            "--model-overrides \"{'pe_rerope_window': 512, 'pe_rerope_train_length': 128}\"")
-    group.add_argument("--pe-rerope-train-length", type=int, metavar="L",
-                       help="rope, p-rope with --pe-rerope-window: the training length; queries are scaled by "
-                            "max(1, log(i+1)/log L), as the reference")
-    group.add_argument("--pe-rerope-leaky-factor", type=float, metavar="K",
-                       help="rope, p-rope with --pe-rerope-window: Leaky ReRoPE, the relative position grows by 1/K "
-                            "past the window (the reference's 16); without it: ReRoPE")
-    group.add_argument("--pe-rope-scaling", choices=["none", "linear", "ntk", "yarn"],
-                       help="rope, p-rope: context extension, also at generation time through --model-overrides: linear "
-                            "(Position Interpolation, positions / factor), ntk (NTK-aware: base 10000 x "
-                            "factor^(d/(d-2))) or yarn (YaRN: NTK-by-parts and attention temperature; needs "
-                            "--pe-rope-scaling-original-length). Default: none")
-    group.add_argument("--pe-rope-scaling-original-length", type=int, metavar="N",
-                       help="rope, p-rope with --pe-rope-scaling yarn: the longest sequence the model was trained on")
-    group.add_argument("--pe-rope-scaling-factor", type=float, metavar="S",
-                       help="rope, p-rope: the factor of --pe-rope-scaling (>= 1: the length to reach over the training length)")
-    group.add_argument("--pe-t5-num-buckets", type=int, help="t5: number of distance buckets (default 32)")
-    group.add_argument("--pe-t5-max-distance", type=int,
-                       help="t5: distance where the last (logarithmic) bucket starts (default 128)")
-    group.add_argument("--pe-random-positions", type=int, metavar="L",
-                       help="randomised positions (Ruoss et al. 2023): train with a sorted random subset of positions "
-                            "of [0, L) for each sequence instead of 0..n-1, in every encoding that takes positions "
-                            "(APEs, RoPE/xPos, relative biases and vectors); in evaluation each source sentence gets a fixed "
-                            "draw of its own and the decoder 0..n-1 (docs/encodings.md). Sequences are at "
-                            "most L long. "
-                            "Default: off")
-    group.add_argument("--pe-random-eval-decoder", choices=["indices", "spaced"],
-                       help="with --pe-random-positions L, the decoder's positions in evaluation and generation (set it "
-                            "at generation time with --model-overrides): indices, 0..n−1 (fairseq-pe 0.1's); spaced, "
-                            "the positions that training draws on average for a target as long as the source, "
-                            "⌊(t+1)(L+1)/(m+1)⌋−1 for t < m (m the source's tokens with </s>), then 1 apart past "
-                            "them (docs/encodings.md). Default: indices")
-    group.add_argument("--pe-attention-kernel", choices=["auto", "sdpa", "blockwise", "flex"],
-                       help="which computation of attention runs where several give the same result "
-                            "(docs/speed.md#choosing-the-path---pe-attention-kernel): sdpa, torch's SDPA with one mask holding the position "
-                            "bias (its size is B×H×T×S); blockwise, blocks of query rows each with its own mask, in "
-                            "linear memory (evaluation; in training the blockwise path for a bias that learns); flex, "
-                            "torch's FlexAttention with the bias computed inside the kernel (CUDA training; a forward "
-                            "only on the CPU; where an encoding cannot, auto's choice); auto, blockwise in evaluation "
-                            "when the mask would exceed 64 MiB, flex in CUDA training of a learned bias when its mask "
-                            "would be large, sdpa otherwise. The choice is logged once. Set it for fairseq-generate "
-                            "with --model-overrides \"{'pe_attention_kernel': 'blockwise'}\". Default: auto")
-    group.add_argument("--pe-fire-threshold", type=float, metavar="L0",
-                       help="fire: the initial threshold L of the normaliser ψ(max(i, L)); L = |λ|·L0 with λ learned "
-                            "from 1 (default 512, the paper's)")
-    group.add_argument("--pe-fire-activation", choices=["relu", "leaky-relu"],
-                       help="fire: the activation of its MLP's hidden units: relu (the FIRE paper's, Li et al.) or "
-                            "leaky-relu (slope 0.01, DAPE's FIRE, Zheng et al. 2024: the catalogue's fire-dape, with "
-                            "--pe-fire-threshold 64). Default: relu")
-    group.add_argument("--pe-sandwich-dim", type=sandwich_dim, metavar="D",
-                       help="sandwich: the dimension d̄ of the sinusoids whose dot products give the bias: an even "
-                            "number, 'head' (the dimension of one attention head, as NeMo's implementation of the "
-                            "paper) or 'model' (the embedding dimension, fairseq-pe 0.1's default). "
-                            "Default: head")
-    group.add_argument("--pe-sandwich-first-frequency", type=int, choices=[0, 1], metavar="K",
-                       help="sandwich: the sum of cosines runs over k = K .. K + d̄/2 − 1 with ω_k = 10000^(−2k/d̄): "
-                            "1 as the paper's sum from 1 to d̄/2 (and NeMo's), 0 as Vaswani et al.'s sinusoids "
-                            "(fairseq-pe 0.1's). Default: 1")
-    group.add_argument("--pe-fox-gate-std", type=float, metavar="STD",
-                       help="fox (forgetting attention, Lin et al. 2025): the standard deviation of the forget gates' "
-                            "initial weights (default 0.02, the reference's initializer_range)")
-    group.add_argument("--pe-fox-gate-bias", type=float, metavar="B",
-                       help="fox: the forget gates' initial bias, sigma(B) the initial gate (default 0, the "
-                            "reference's; x-transformers' DataDependentAlibi starts at 5)")
-    group.add_argument("--pe-cope-npos", type=int, metavar="N",
-                       help="cope (Golovneva et al. 2024): positions of the embedding table, 0 .. N-1; a contextual "
-                            "position past N-1 reads row N-1 (clamped, as the reference). Default: the side's "
-                            "--max-target-positions (encoder: --max-source-positions) + 1, the reference's block "
-                            "size + 1")
-    group.add_argument("--pe-cope-nodiv", action="store_true",
-                       help="cope: add the position term after the 1/sqrt(d) scaling instead of before it (the "
-                            "reference's --cope-nodiv)")
-    group.add_argument("--pe-dape", choices=["none", "v1", "v2"],
-                       help="DAPE (Zheng et al. 2024) on the --pe-relative bias B (alibi, kerple-log, kerple-power, "
-                            "fire, t5, sandwich): logits + B + f([logits; B]), f mixing the heads per query and key: v1 "
-                            "an MLP, v2 two 1xK convolutions along the keys (docs/encodings.md). Default: none")
-    group.add_argument("--pe-dape-width", type=int, metavar="W",
-                       help="--pe-dape: the hidden width of its network (default 32, the reference's)")
-    group.add_argument("--pe-dape-activation", choices=["leaky-relu", "relu", "gelu"],
-                       help="--pe-dape: the activation of its network (default leaky-relu, slope 0.01, the "
-                            "reference's)")
-    group.add_argument("--pe-dape-kernel", type=int, metavar="K",
-                       help="--pe-dape v2: the convolutions' width along the keys, odd (default 3, the reference's)")
-    add_sinusoid_scale_args(group)
-    add_floater_args(group)
+    add_dataclass_args(group, PositionEncodingConfig)
 
 
 #: the rotary encodings whose frequencies the RoPE options change (scaling at inference, Resonance's rounding)
@@ -282,16 +138,6 @@ def upgrade_checkpoint_options(state):
         upgrade_saved_options(cfg["model"])
     upgrade_saved_options(state.get("args"))
     return state
-
-
-def sandwich_dim(value: str):
-    """``--pe-sandwich-dim``: 'head', 'model' or an integer (checked to be even by the encoding)."""
-    if value in ("head", "model"):
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an even number, 'head' or 'model', got {value!r}") from None
 
 
 #: the largest --pe-random-positions: every integer up to 2^24 is exact in float32

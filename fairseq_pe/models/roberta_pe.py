@@ -40,6 +40,7 @@ from .floater_setup import apply_floater_freezing, build_floater_flow
 from .layers import exact_retain_dropout_modules, numbered_layers, use_stock_dropout_names
 from .options import (add_position_encoding_args, check_finite_position_args, position_encoding_defaults,
                       validate_position_args)
+from .position_config import config_door
 from .transformer_pe import TransformerPEEncoder
 
 logger = logging.getLogger(__name__)
@@ -103,15 +104,12 @@ class RobertaPEModel(RobertaModel):
 
     @classmethod
     def build_model(cls, args, task):
-        with as_user_errors():  # a bad option is the user's to fix: one line, exit 2 (fairseq_pe.errors)
+        # a bad option is the user's to fix: one line, exit 2 (fairseq_pe.errors), naming the flag or YAML key
+        with config_door(args) as args, as_user_errors():
             return cls._build_model(args, task)
 
     @classmethod
     def _build_model(cls, args, task):
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(args):
-            OmegaConf.set_struct(args, False)
         base_architecture(args)
         if not safe_hasattr(args, "max_positions") or args.max_positions is None:
             if not safe_hasattr(args, "tokens_per_sample"):
@@ -132,8 +130,6 @@ class RobertaPEModel(RobertaModel):
         with numbered_layers(args, sides=("encoder",)):
             encoder = RobertaPEEncoder(args, task.source_dictionary)
         check_finite_position_args(args)
-        if OmegaConf.is_config(args):
-            OmegaConf.set_struct(args, True)
         return cls(args, encoder)
 
     def register_span_head(self, name: str):

@@ -30,6 +30,7 @@ from .floater_setup import apply_floater_freezing, build_floater_flow
 from .layers import exact_retain_dropout_modules, numbered_layers, use_stock_dropout_names
 from .options import (add_position_encoding_args, check_finite_position_args, position_encoding_defaults,
                       validate_position_args)
+from .position_config import config_door
 from .task_fit import check_language_modeling_task
 from .transformer_pe import TransformerPEDecoder
 
@@ -68,7 +69,8 @@ class TransformerPELanguageModel(TransformerLanguageModel):
 
     @classmethod
     def build_model(cls, args, task):
-        with as_user_errors():  # a bad option is the user's to fix: one line, exit 2 (fairseq_pe.errors)
+        # a bad option is the user's to fix: one line, exit 2 (fairseq_pe.errors), naming the flag or YAML key
+        with config_door(args) as args, as_user_errors():
             check_language_modeling_task(task)
             base_lm_architecture(args)
             validate_position_args(args)

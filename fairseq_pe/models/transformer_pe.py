@@ -23,6 +23,7 @@ from .layers import (PositionAwareDecoderLayer, PositionAwareEncoderLayer, block
                      numbered_layers, use_stock_dropout_names, wrap_layer)
 from .options import (add_position_encoding_args, check_finite_position_args, position_encoding_defaults,
                       validate_position_args)
+from .position_config import config_door
 from .task_fit import check_translation_task
 
 
@@ -196,7 +197,8 @@ class TransformerPEModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        with as_user_errors():  # a bad option is the user's to fix: one line, exit 2 (fairseq_pe.errors)
+        # a bad option is the user's to fix: one line, exit 2 (fairseq_pe.errors), naming the flag or YAML key
+        with config_door(args) as args, as_user_errors():
             check_translation_task(task)
             base_architecture(args)
             validate_position_args(args)

@@ -22,13 +22,15 @@ checkpoint records the value it was trained with; one saved before the scale exi
 loads with S = 1, as it was trained.
 """
 
-import argparse
 import logging
+from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 import torch.nn as nn
 
 from fairseq_pe.errors import UserError
+
 
 logger = logging.getLogger(__name__)
 
@@ -47,27 +49,24 @@ _OPTIONS = {"absolute": ("pe_sinusoid_scale", "pe_sinusoid_scale_learnable", "pe
                          RELATIVE_SINUSOIDS)}
 
 
-def add_sinusoid_scale_args(group):
-    group.add_argument(
-        "--pe-sinusoid-scale", type=float, metavar="S",
-        help="multiply the absolute sinusoids (--pe-absolute sinusoidal, learnable-sinusoidal, "
-             "sinusoidal-fairseq) by S. Default: 1 for transformer_pe; %g for roberta_pe, whose BERT "
-             "initialisation makes the token embeddings small (0.02 x sqrt(2): the sinusoids get BERT's "
-             "per-coordinate size)" % ROBERTA_DEFAULTS["absolute"][0])
-    group.add_argument(
-        "--pe-sinusoid-scale-learnable", action=argparse.BooleanOptionalAction,
-        help="make the absolute sinusoids' scale a trainable scalar initialised to --pe-sinusoid-scale "
-             "(x-transformers' scaled sinusoidal embedding); --no-pe-sinusoid-scale-learnable keeps it fixed. "
-             "Default: %s for roberta_pe, fixed for transformer_pe"
-             % ("learnable" if ROBERTA_DEFAULTS["absolute"][1] else "fixed"))
-    group.add_argument(
-        "--pe-relative-sinusoid-scale", type=float, metavar="S",
-        help="multiply the relative sinusoids (--pe-relative sinusoidal, learnable-sinusoidal: a^K = a^V) by S "
-             "(default 1)")
-    group.add_argument(
-        "--pe-relative-sinusoid-scale-learnable", action=argparse.BooleanOptionalAction,
-        help="make the relative sinusoids' scale a trainable scalar initialised to --pe-relative-sinusoid-scale "
-             "(default: fixed)")
+@dataclass
+class SinusoidScaleConfig:
+    """The sinusoids' scales (:mod:`fairseq_pe.positional.option_fields`)."""
+
+    pe_sinusoid_scale: Optional[float] = field(default=None, metadata={"metavar": "S", "help": (
+        "multiply the absolute sinusoids (--pe-absolute sinusoidal, learnable-sinusoidal, sinusoidal-fairseq) by S. "
+        "Default: 1 for transformer_pe; %g for roberta_pe, whose BERT initialisation makes the token embeddings small "
+        "(0.02 x sqrt(2): the sinusoids get BERT's per-coordinate size)" % ROBERTA_DEFAULTS["absolute"][0])})
+    pe_sinusoid_scale_learnable: Optional[bool] = field(default=None, metadata={"negatable": True, "help": (
+        "make the absolute sinusoids' scale a trainable scalar initialised to --pe-sinusoid-scale (x-transformers' "
+        "scaled sinusoidal embedding); --no-pe-sinusoid-scale-learnable keeps it fixed. Default: %s for roberta_pe, "
+        "fixed for transformer_pe" % ("learnable" if ROBERTA_DEFAULTS["absolute"][1] else "fixed"))})
+    pe_relative_sinusoid_scale: Optional[float] = field(default=None, metadata={"metavar": "S", "help": (
+        "multiply the relative sinusoids (--pe-relative sinusoidal, learnable-sinusoidal: a^K = a^V) by S "
+        "(default 1)")})
+    pe_relative_sinusoid_scale_learnable: Optional[bool] = field(default=None, metadata={"negatable": True, "help": (
+        "make the relative sinusoids' scale a trainable scalar initialised to --pe-relative-sinusoid-scale "
+        "(default: fixed)")})
 
 
 def sinusoid_scale_defaults(args, defaults=TRANSFORMER_DEFAULTS):
