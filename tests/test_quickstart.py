@@ -58,6 +58,16 @@ def test_synthetic(tmp_path):
     assert "loss of the references" in out.stdout
     assert open(os.path.join(work, "results-loss.png"), "rb").read(4) == b"\x89PNG"
     assert res["longest_training_target"] <= 17  # 16 words and </s>
+    # issue 57: the time of each stage, in the log and the JSON
+    seconds = res["seconds"]
+    assert {"prepare", "train_and_decode", "score_and_report", "runs"} <= set(seconds)
+    assert set(seconds["runs"]) == {f"{name} (seed 1)" for name in ("ape-learned", "sin-all", "floater", "floater-warm")}
+    for run in seconds["runs"].values():
+        assert run["train"] > 0 and run["decode test"] > 0
+    longest = max(run["train"] for run in seconds["runs"].values())
+    assert longest <= seconds["train_and_decode"]  # one run's training within the stage that holds it
+    assert re.search(r"done in \d+s: preparing \d+s, training and decoding \d+s \(trainings: ape-learned \(seed 1\) "
+                     r"\d+s, .*\), scoring and the report \d+s", out.stdout + out.stderr)
 
 
 def test_seeds_are_trained_apart_and_combined(tmp_path):

@@ -116,7 +116,8 @@ def main(argv: Optional[List[str]] = None) -> None:
 
 def run_quickstart(args) -> Dict[str, Dict[str, dict]]:
     """The whole quickstart (its options checked, the work dir recorded; then its stages: prepare, train and
-    decode, score and report); returns ``{system: {bucket: {"bleu", "n"}}}``."""
+    decode, score and report, each timed in the log and ``results.json``'s ``seconds``); returns
+    ``{system: {bucket: {"bleu", "n"}}}``."""
     systems, variants = check_options(args)
     record = check_workdir(args, systems, variants)
     os.makedirs(args.workdir, exist_ok=True)
@@ -125,15 +126,27 @@ def run_quickstart(args) -> Dict[str, Dict[str, dict]]:
         logging.getLogger(quiet).setLevel(logging.WARNING)
     t0 = time.time()
     data = prepare(args)
+    seconds = {"prepare": round(time.time() - t0, 1)}
+    t1 = time.time()
     outputs, failures = train_all(args, data, systems, variants)
+    seconds["train_and_decode"] = round(time.time() - t1, 1)
+    seconds["runs"] = {f"{name} (seed {seed})": run.seconds for (name, seed), run in sorted(outputs.items())}
     # a system is in the tables when every seed of it trained: a mean over fewer seeds would not compare
     complete = [name for name, _ in systems if all((name, seed) in outputs for seed in args.seeds)]
     if not complete:
         raise SystemExit(f"every system failed: {', '.join(failures)} (logs in {os.path.join(args.workdir, 'systems')})")
-    results, column_failures = report(args, data.raw, data.data_bin, systems, outputs, complete)
-    log(f"done in {time.time() - t0:.0f}s; results.txt, results.json, results.png and results-loss.png in {args.workdir}")
+    results, column_failures = report(args, data.raw, data.data_bin, systems, outputs, complete, seconds)
+    log(f"done in {time.time() - t0:.0f}s: {stage_summary(seconds)}; results.txt, results.json, results.png and "
+        f"results-loss.png in {args.workdir}")
     fail_on_problems(args, failures, column_failures)
     return results
+
+
+def stage_summary(seconds: dict) -> str:
+    """The stages' times in one line: preparing, training and decoding (each run's training), scoring."""
+    runs = ", ".join(f"{label} {run['train']:.0f}s" for label, run in seconds["runs"].items() if "train" in run)
+    return (f"preparing {seconds['prepare']:.0f}s, training and decoding {seconds['train_and_decode']:.0f}s"
+            + (f" (trainings: {runs})" if runs else "") + f", scoring and the report {seconds['score_and_report']:.0f}s")
 
 
 def fail_on_problems(args, failures: Dict[str, str], column_failures: List[str]):

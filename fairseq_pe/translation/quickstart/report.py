@@ -2,7 +2,8 @@
 ``results-loss.png`` written."""
 
 import os
-from typing import Dict, List, Sequence, Tuple
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq_pe.seeds import combine
 from fairseq_pe.seeds import describe as describe_seeds
@@ -15,11 +16,14 @@ from fairseq_pe.translation.quickstart.train import SystemRun
 
 
 def report(args, raw: str, data_bin: str, systems, outputs: Dict[Tuple[str, int], SystemRun],
-           complete: Sequence[str]) -> Tuple[Dict[str, Dict[str, dict]], List[str]]:
+           complete: Sequence[str], seconds: Optional[dict] = None) -> Tuple[Dict[str, Dict[str, dict]], List[str]]:
     """Score every run of the ``complete`` systems (BLEU with its bootstrap interval, length ratio, the
     references' loss), combine the seeds, print the tables and write ``results.{txt,json,png}`` and
-    ``results-loss.png``.  Returns the combined BLEU results and the columns that could not be computed."""
+    ``results-loss.png``, with ``seconds`` (the stages' times: this one's added as ``score_and_report``).
+    Returns the combined BLEU results and the columns that could not be computed."""
     from fairseq_pe.translation import bucket_loss
+
+    started = time.time()
 
     seeds = args.seeds
     extra_names = [name for name, _, _ in args.extra_test]
@@ -59,6 +63,9 @@ def report(args, raw: str, data_bin: str, systems, outputs: Dict[Tuple[str, int]
                "per_seed": {str(seed): {"bleu": bleu_per_seed[seed], "loss": loss_per_seed[seed]} for seed in seeds},
                "flags": {n: fl for n, fl in systems if n in complete},
                "train_flags": args.train_flags, "arch": args.arch, "max_update": args.max_update}
+    if seconds is not None:
+        seconds["score_and_report"] = round(time.time() - started, 1)
+        payload["seconds"] = seconds
     write_outputs(os.path.join(args.workdir, "results"), [table, ratios, loss_table], payload, results, args.buckets,
                   "BLEU by source length", extras=extra_names, xlabel=f"source length ({unit})", loss=loss_results)
     print("\n" + table + "\n\n" + ratios + "\n\n" + loss_table)

@@ -40,6 +40,8 @@ class SystemRun:
         self.skipped: Dict[str, List[int]] = {}
         self.reasons: Dict[str, str] = {}
         self.errors: Dict[str, str] = {}
+        #: seconds of its stages: "train" (from train.done: an adopted training's own), "decode SUBSET" (this run)
+        self.seconds: Dict[str, float] = {}
 
 
 def too_long_reason(what: str, sizes: Sequence[int], skipped: Sequence[int], limit: int) -> str:
@@ -110,6 +112,12 @@ def train_and_decode(args, data, name: str, flags: List[str], seed: int,
         if skipped[subset]:
             result.reasons[subset] = too_long_reason(data.what[subset], data.sizes[subset], skipped[subset], limit)
         result.outputs[subset] = job.gen_outs[subset] if len(skipped[subset]) < n else None
+    done = os.path.join(job.out, "train.done")
+    if variant is None and os.path.exists(done):
+        try:
+            result.seconds["train"] = float(open(done).read().strip())
+        except ValueError:  # a train.done of an earlier version, empty
+            pass
     for subset in todo:
         decode(job, result, subset)
     return result
@@ -224,6 +232,7 @@ def decode(job: Job, result: SystemRun, subset: str):
         log(f"{job.name}: decoding {subset} FAILED; the other test sets go on\n{e}")
         return
     shutil.move(gen_out + ".log", gen_out)
+    result.seconds[f"decode {subset}"] = round(time.time() - t0, 1)
     log(f"{job.name}: decoded {subset} in {time.time() - t0:.0f}s")
 
 
