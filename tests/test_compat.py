@@ -54,7 +54,7 @@ def test_every_fix_has_a_version_guard_and_is_named_once_in_one_log_line(caplog)
     assert compat.applied == [compat.fix_name(m) for m in compat.FIXES]
     assert {compat.fix_name(m) for m in compat.FIXES if m.CHANGES_STOCK} == {
         "checkpoint_loading", "literal_options", "archive_extraction", "batch_by_size", "size_errors", "distributed_cpu", "bf16_without_tpu",
-        "exact_resume", "numpy2_eos_blocks", "hydra_errors"}
+        "exact_resume", "numpy2_eos_blocks", "hydra_errors", "run_checks"}
     with caplog.at_level(logging.INFO, logger="fairseq_pe"):
         compat.apply()  # applied once per process: nothing again, no second line
     assert not caplog.records

@@ -161,7 +161,7 @@ DEVICE_BRANCHES_OUTSIDE_STEPS = {
     "fairseq_pe/positional/floater.py:FloaterFlow._solve": "autocast turned off on the state's own device type",
     "fairseq_pe/compat/distributed_cpu.py:_torchrun_on_cpu.wrapper": "distributed set-up, before training",
     "fairseq_pe/compat/distributed_cpu.py:_ddp_on_cpu.wrapper": "building fairseq's DDP wrapper, before training",
-    "fairseq_pe/compat/distributed_cpu.py:_fully_sharded_needs_cuda.wrapper": "checking --ddp-backend, before training",
+    "fairseq_pe/compat/run_checks.py:check_run": "checking --ddp-backend, before training",
     "fairseq_pe/translation/bucket_loss.py:load_system": "a scoring script: where it puts the model",
     "fairseq_pe/translation/bucket_loss.py:score_references": "a scoring script: where it puts the batches",
     "fairseq_pe/bert/glue.py:evaluate": "an evaluation script: where it puts the model",

@@ -123,6 +123,18 @@ def test_fairseq_train_reports_a_bad_option_in_one_line(data_bin, tmp_path, flag
     assert not os.listdir(tmp_path)  # nothing trained, nothing written
 
 
+def test_a_run_without_a_batch_size_is_one_line(data_bin, short_table_checkpoint, tmp_path):
+    """fairseq-train and fairseq-validate without --max-tokens or --batch-size: fairseq's main asserted ("Must
+    specify batch size ...", a traceback); now one line before anything is written (compat/run_checks.py)."""
+    no_batch = [w for w in TRAIN if w not in ("--max-tokens", "500")]
+    proc = cli("fairseq-train", data_bin, "--user-dir", PLUGIN, *no_batch, "--save-dir", tmp_path / "ck", check=False)
+    assert_user_error(proc, "fairseq-train", "give --max-tokens", "or --batch-size")
+    assert not (tmp_path / "ck").exists()
+    proc = cli("fairseq-validate", data_bin, "--user-dir", PLUGIN, "--task", "translation", "--path",
+               short_table_checkpoint, "--cpu", "--valid-subset", "valid", check=False)
+    assert_user_error(proc, "fairseq-validate", "give --max-tokens", "or --batch-size")
+
+
 @pytest.fixture(scope="module")
 def short_table_checkpoint(data_bin, tmp_path_factory):
     """A learned APE of 12 rows: the test set's long sentences (20-30 words) do not fit."""

@@ -23,12 +23,13 @@ from fairseq_pe.compat import (
     legacy_ddp_dtypes,
     literal_options,
     numpy2_eos_blocks,
+    run_checks,
     size_errors,
 )
 
 #: every fix, in the order it is applied
 FIXES = (checkpoint_loading, literal_options, archive_extraction, batch_by_size, size_errors, distributed_cpu, bf16_without_tpu, constrained_parameters,
-         legacy_ddp_dtypes, exact_resume, numpy2_eos_blocks, hydra_errors)
+         legacy_ddp_dtypes, exact_resume, numpy2_eos_blocks, hydra_errors, run_checks)
 
 #: the names of the fixes applied in this process (set by :func:`apply`)
 applied = []

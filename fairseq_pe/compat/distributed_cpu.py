@@ -2,12 +2,10 @@
 
 Without GPUs fairseq 0.12 keeps ``--distributed-world-size`` at the GPU count (1), so every process trains its own
 model and they overwrite each other's checkpoints; given the world size it divides by ``torch.cuda.device_count()``
-(0).  ``--ddp-backend fully_sharded`` (fairscale's FSDP, CUDA only) on the CPU stopped with an ``ImportError``
-(no fairscale) or "Torch not compiled with CUDA enabled": one line naming the option.  Without GPUs, torchrun's ``WORLD_SIZE``/``RANK`` are used as they are with GPUs, with device 0 (the CPU); and
+(0).  Without GPUs, torchrun's ``WORLD_SIZE``/``RANK`` are used as they are with GPUs, with device 0 (the CPU); and
 fairseq's DDP wrapper, which passes ``device_ids=[0]`` (refused by torch for a CPU module), passes none on the CPU.
 
-Extension point: none; ``infer_init_method``, ``call_main`` and ``DistributedFairseqModel`` are plain functions of
-fairseq 0.12
+Extension point: none; ``infer_init_method`` and ``DistributedFairseqModel`` are plain functions of fairseq 0.12
 (``--ddp-backend`` is a fixed choice, not a registry) (wrappers, once).
 """
 
@@ -20,8 +18,7 @@ from fairseq_pe.compat.patching import fairseq_matches, patch
 FIXES_FAIRSEQ = ("0.12.",)
 #: it changes stock fairseq's behaviour for every task of the process (docs/install.md lists it)
 CHANGES_STOCK = True
-SUMMARY = ("torchrun on the CPU: one distributed training (WORLD_SIZE/RANK), DDP without device_ids; "
-           "--ddp-backend fully_sharded without CUDA or fairscale is one line")
+SUMMARY = "torchrun on the CPU: one distributed training (WORLD_SIZE/RANK), DDP without device_ids"
 
 
 def _torchrun_on_cpu(infer_init_method):
@@ -44,33 +41,6 @@ def _torchrun_on_cpu(infer_init_method):
                 cfg.distributed_no_spawn = True  # torchrun created the processes
                 return
         return infer_init_method(cfg, *args, **kwargs)
-
-    wrapper._fairseq_pe_patched = True
-    return wrapper
-
-
-def _fully_sharded_needs_cuda(call_main):
-    """``--ddp-backend fully_sharded`` on the CPU: one line before anything starts."""
-    @functools.wraps(call_main)
-    def wrapper(cfg, main, *args, **kwargs):
-        import torch
-
-        from fairseq_pe.errors import UserError
-
-        training = getattr(cfg, "distributed_training", None)
-        if getattr(training, "ddp_backend", None) == "fully_sharded":
-            cpu = getattr(getattr(cfg, "common", None), "cpu", False)
-            if cpu or not torch.cuda.is_available():
-                raise UserError("--ddp-backend fully_sharded shards the model with fairscale's "
-                                "FullyShardedDataParallel, which runs on CUDA GPUs only"
-                                + (" (--cpu is given)" if cpu else " (this torch sees none)")
-                                + "; on the CPU use --ddp-backend pytorch_ddp (the default) or legacy_ddp")
-            import importlib.util
-
-            if importlib.util.find_spec("fairscale") is None:
-                raise UserError("--ddp-backend fully_sharded needs fairscale (pip install fairscale), which is not "
-                                "installed")
-        return call_main(cfg, main, *args, **kwargs)
 
     wrapper._fairseq_pe_patched = True
     return wrapper
@@ -109,5 +79,4 @@ def apply() -> bool:
 
     patch(models, "DistributedFairseqModel", _ddp_on_cpu)
     patch(distributed_utils, "infer_init_method", _torchrun_on_cpu)
-    patch(distributed_utils, "call_main", _fully_sharded_needs_cuda)
     return True
