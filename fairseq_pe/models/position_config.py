@@ -239,18 +239,18 @@ def check_config_keys(cfg):
             raise UserError(f"model.{key}: no such position option"
                             + (f" (did you mean {', '.join('model.' + c for c in close)}?)" if close else "")
                             + "; the position options are the pe_* fields of "
-                              "fairseq_pe.models.position_config.PositionEncodingConfig (fairseq-train --help lists "
-                              "them as --pe-* flags)")
+                              "fairseq_pe.models.position_config.PositionEncodingConfig (fairseq-train's --pe-* "
+                              "flags, - written _)")
 
 
 @contextlib.contextmanager
-def config_door(cfg, as_namespace: bool = True):
+def config_door(cfg):
     """The model's options, whichever door they came through.  ``fairseq-train``'s ``argparse.Namespace`` as it
     is; a Hydra ``DictConfig`` (``fairseq-hydra-train``'s YAML, or the configuration a checkpoint of it holds) with
-    its ``pe_*`` keys checked against the typed fields (:func:`check_config_keys`), as a ``Namespace`` where
-    ``as_namespace`` (fairseq's ``TransformerConfig.from_namespace`` copies no key it does not know from a
-    ``DictConfig``), and a user error raised inside the block naming keys (``model.pe_relative``) instead of flags:
-    in ``fairseq-hydra-train`` one line and exit status 2 (:func:`~fairseq_pe.errors.hydra_user_errors`)."""
+    its ``pe_*`` keys checked against the typed fields (:func:`check_config_keys`), as a ``Namespace`` (fairseq's
+    ``TransformerConfig.from_namespace`` copies no key it does not know from a ``DictConfig``), and a user error
+    raised inside the block naming keys (``model.pe_relative``) instead of flags: in ``fairseq-hydra-train`` one line
+    and exit status 2 (:func:`~fairseq_pe.errors.hydra_user_errors`)."""
     from omegaconf import OmegaConf
 
     from fairseq_pe.errors import UserError, hydra_user_errors
@@ -261,6 +261,6 @@ def config_door(cfg, as_namespace: bool = True):
     with hydra_user_errors():  # fairseq-hydra-train: one line and exit 2, as fairseq-train
         try:
             check_config_keys(cfg)
-            yield argparse.Namespace(**OmegaConf.to_container(cfg, resolve=True)) if as_namespace else cfg
+            yield argparse.Namespace(**OmegaConf.to_container(cfg, resolve=True))
         except UserError as e:
             raise type(e)(as_config_keys(str(e))) from e
