@@ -47,6 +47,46 @@ def test_incremental_decoding_equals_full_forward(variant):
     assert_incremental_equals_full(model, d)
 
 
+@pytest.mark.parametrize("variant", ["bias", "all-blocks"])
+def test_a_decoding_step_reads_only_the_new_tokens_rows(variant):
+    """A step of step-by-step decoding looks up one row per sentence of FLOATER's states (every block's biases, or
+    one block's vectors): no operator of the step writes rows of the states of every position so far (the step used
+    to copy them whole, and extend them by a zero row, in every lookup: work growing with the length).  Catches a
+    lookup of a copied or concatenated table."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    model, d = build_model(*VARIANTS[variant])
+    src, lengths, _ = batch(d)
+    steps = 24
+    prev = random_tokens(d, 3, steps, seed=5)
+    prev[:, 0] = d.eos()
+    injector = model.decoder.embed_positions
+    # a row of the looked-up tables: every block's q/k/v biases, or one block's vector
+    row = model.decoder.embed_dim * (injector.self_bias.num_initial_values if variant == "bias" else 1)
+    written = []
+
+    class Written(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            inputs = {a.untyped_storage().data_ptr() for a in torch.utils._pytree.tree_leaves((args, kwargs))
+                      if isinstance(a, torch.Tensor)}
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs and t.dim() and \
+                        t.size(-1) == row:  # written (not a view), rows of the tables' width
+                    written.append((str(func), tuple(t.shape)))
+            return out
+
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths=lengths)
+        state = {}
+        for t in range(steps - 1):
+            model.decoder(prev[:, :t + 1], encoder_out=encoder_out, incremental_state=state)
+        with Written():
+            model.decoder(prev, encoder_out=encoder_out, incremental_state=state)
+    assert written, "the step looked nothing up"
+    assert max(torch.Size(shape).numel() for _, shape in written) <= 3 * row, written
+
+
 def test_zero_dynamics_and_initial_values_give_the_base_model_exactly():
     base, d = build_model("--pe-absolute", "sinusoidal")
     floater, _ = build_model("--pe-absolute", "sinusoidal", "--pe-floater-bias")

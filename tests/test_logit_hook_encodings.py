@@ -125,6 +125,46 @@ def test_cope_adds_the_interpolated_embedding_of_the_gated_count(causal, nodiv):
     torch.testing.assert_close(got.double()[visible], expected[visible], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["decoder", "encoder"])
+def test_cope_interpolation_has_the_references_values_and_gradients(causal):
+    """The term z[⌊p⌋] + w·(z[⌊p⌋+1] − z[⌊p⌋]) (seven kernels) against the reference's z[⌈p⌉]·w + z[⌊p⌋]·(1 − w)
+    (eleven), written here as RAM's ``ContextPosSelfAttn``: the same logits and the same gradients of q, k and E, with
+    positions clamped at npos − 1, whole positions (gates of exactly 1 and 0) and masked keys.  Catches a step that
+    reads past the table's last column, a floor that carries a gradient, or a weight taken from ⌈p⌉."""
+    npos = 5
+    cope, _, _ = encoding("cope", causal, "--pe-cope-npos", str(npos))
+    with torch.no_grad():
+        cope.pos_emb.normal_()
+    block, length = 1, 9
+    q, k, _ = queries_keys(2, length, seed=3)
+    with torch.no_grad():  # saturated gates: σ = 1.0 and 0.0 in float32, whole counts
+        k[0, 0, :3] = q[0, 0, -1:] * 1e4
+        k[0, 1, :3] = -q[0, 1, -1:] * 1e4
+    _, masking = left_padded_masking(length, causal)
+
+    def reference(q, k, table):
+        scaled = q @ k.transpose(-1, -2)
+        gates = torch.sigmoid(scaled) * (masking == 0)
+        positions = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=npos - 1)
+        fixed = q @ table[:, :min(npos, length + 1)]
+        floor = positions.detach().floor()
+        weight = positions - floor
+        ceil = positions.detach().ceil().long()
+        return scaled + fixed.gather(-1, ceil) * weight + fixed.gather(-1, floor.long()) * (1 - weight)
+
+    visible = masking.expand(2, H, length, length) == 0
+    outputs = []
+    for compute in (lambda q, k, table: cope.attention_logits(q, k, 0, block, masking=masking), reference):
+        qq, kk = q.clone().requires_grad_(), k.clone().requires_grad_()
+        cope.pos_emb.grad = None
+        got = compute(qq, kk, cope.pos_emb[block - 1])
+        weights = torch.randn(got.shape, generator=torch.Generator().manual_seed(0))
+        (got[visible] * weights[visible]).sum().backward()
+        outputs.append((got[visible].detach(), qq.grad, kk.grad, cope.pos_emb.grad[block - 1].clone()))
+    for new, old in zip(*outputs):
+        torch.testing.assert_close(new, old, rtol=1e-5, atol=1e-5)
+
+
 def test_cope_starts_at_zero_and_its_table_follows_the_longest_sequence():
     cope, model, d = encoding("cope", True, "--max-target-positions", "40")
     assert cope.pos_emb.shape == (2, D, 41) and cope.pos_emb.abs().max() == 0  # the reference's block size + 1

@@ -75,9 +75,10 @@ class ContextualPositions(Float32State, RelativePositionEncoding):
         fixed = torch.matmul(q.to(dtype), table)  # (B, H, T', min(npos, S + 1))
         if self.nodiv:
             fixed = fixed * math.sqrt(self.head_dim)
-        floor = positions.detach().floor()
-        ceil_weight = positions - floor
-        floor = floor.long()
-        ceil = positions.detach().ceil().long()
-        term = fixed.gather(-1, ceil) * ceil_weight + fixed.gather(-1, floor) * (1 - ceil_weight)
-        return scaled.add_(term)
+        # z[⌊p⌋]·(1 − w) + z[⌈p⌉]·w as z[⌊p⌋] + w·(z[⌊p⌋ + 1] − z[⌊p⌋]): equal where p is not whole, and where it
+        # is (w = 0); the step past the last position is 0 (p ≤ npos − 1 and p ≤ S).  Seven kernels where the
+        # reference's form takes eleven (a step of step-by-step decoding runs it in every layer)
+        floor = positions.detach().long()  # p ≥ 0: truncation is the floor
+        weight = positions - floor
+        steps = fixed.diff(dim=-1, append=fixed[..., -1:])
+        return scaled.add_(torch.addcmul(fixed.gather(-1, floor), steps.gather(-1, floor), weight))

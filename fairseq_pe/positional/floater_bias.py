@@ -52,12 +52,14 @@ class FloaterAttentionBias(Float32State):
         return (block - 1) * len(QKV) + index
 
     def all_tables(self, states: torch.Tensor, length: int) -> torch.Tensor:
-        """(length, n·D): every block's q/k/v biases side by side, of ``states`` (:meth:`states`)."""
-        return states[:length].reshape(length, -1)
+        """(length, n·D): every block's q/k/v biases side by side, of ``states`` (:meth:`states`); a view where
+        ``states`` is one (the flow's solution, sliced to this client's values)."""
+        return states[:length].flatten(1)
 
-    def query_tables(self, states: torch.Tensor, length: int) -> torch.Tensor:
-        """(length, num_blocks·D): every block's query biases side by side, of ``states`` (:meth:`states`)."""
-        return states[:length, 0::len(QKV)].reshape(length, -1)
+    @staticmethod
+    def query_rows() -> slice:
+        """The query biases' rows among :meth:`all_tables`'s n per position (one per block)."""
+        return slice(0, None, len(QKV))
 
     def table(self, length: int, block: int, index: int, states=None) -> torch.Tensor:
         """(length × D) biases of projection ``index`` (0 q, 1 k, 2 v) of 1-based ``block``, of the pass's

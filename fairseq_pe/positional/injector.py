@@ -62,19 +62,21 @@ def lookup(positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 
 def gather_plan(positions: torch.Tensor):
-    """What :func:`lookup_time_major` needs, computed once per forward pass: the row of each
-    token in time-major order, shifted by one so that padding (-1) picks a zero row.  (Whether every row has
-    the same positions is not asked: the answer would be a host sync.)
+    """What :func:`lookup_time_major` needs, computed once per forward pass: the row of each token in time-major
+    order (padding's -1 reads row 0) and where the padding is.  (Whether every row has the same positions is not
+    asked: the answer would be a host sync.)
     """
-    return (positions + 1).t().reshape(-1), positions.shape
+    time_major = positions.t().reshape(-1)
+    return time_major.clamp(min=0), time_major.lt(0).unsqueeze(-1), positions.shape
 
 
 def lookup_time_major(plan, table: torch.Tensor) -> torch.Tensor:
-    """Rows of ``table`` (L, E) at the planned positions, (T, B, E) as fairseq's attention
-    inputs; zero at padding.  An embedding lookup: its backward is a dense scatter-add."""
-    index, (batch, time) = plan
-    table = torch.cat([table.new_zeros(1, table.size(-1)), table])
-    return F.embedding(index, table).view(time, batch, table.size(-1))
+    """Rows of ``table`` (L, E) at the planned positions, (T, B, E) as fairseq's attention inputs; zero at padding.
+    An embedding lookup (its backward is a dense scatter-add) of the rows the pass reads only: ``table`` may be a
+    view (FLOATER's states of every position so far), which is neither copied nor extended, so that a step of
+    step-by-step decoding reads one row per sentence whatever its length."""
+    index, padding, (batch, time) = plan
+    return F.embedding(index, table).masked_fill(padding, 0).view(time, batch, table.size(-1))
 
 
 class Source(NamedTuple):
@@ -174,7 +176,9 @@ class PositionInjector(nn.Module):
         length = max(bound, 1)
         if incremental:
             positions = positions[:, -1:]
-        plan = gather_plan(positions)
+        # the gather plan of the lookups of this pass (FLOATER's biases, the blocks' vectors), if it has any
+        plan = gather_plan(positions) if self.self_bias is not None or self.cross_bias is not None or \
+            self.all_blocks else None
         cross = self.cross_bias is not None and source is not None
         source_positions = self.source_positions(source) if cross else None
         # FLOATER biases on this side's positions: every block's q/k/v (and cross-attention q) in one gather
@@ -184,10 +188,12 @@ class PositionInjector(nn.Module):
                 states = bias.states(max(length, source_positions.length) if kind == "cross" else length)
                 if kind == "cross":  # the source's keys and values read them too (attention_bias)
                     source_positions = source_positions._replace(floater_states=states)
-                # cross-attention: the queries only; its keys and values live on the source positions
-                tables = bias.all_tables(states, length) if kind == "self" else bias.query_tables(states, length)
+                # the rows of this pass's positions of every block's biases (a view of the states: no copy)
+                rows = lookup_time_major(plan, bias.all_tables(states, length)).unflatten(-1, (-1, bias.embed_dim))
+                if kind == "cross":  # the queries only; its keys and values live on the source positions
+                    rows = rows[:, :, bias.query_rows()]
                 # unbind, not indexing: the backward of n selects would build n full-size zero tensors
-                floater_rows[kind] = lookup_time_major(plan, tables).unflatten(-1, (-1, bias.embed_dim)).unbind(2)
+                floater_rows[kind] = rows.unbind(2)
         return PositionPass(owner=self, positions=positions, plan=plan, length=length, memo=PassMemo(),
                             relative=relative, rows=rows,
                             sampled=sampled and rows is not None, floater_rows=floater_rows, source=source_positions)

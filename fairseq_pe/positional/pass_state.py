@@ -207,7 +207,8 @@ class PositionPass(NamedTuple):
     Attributes:
         owner: the side's :class:`~fairseq_pe.positional.injector.PositionInjector`, which built it.
         positions: (B, T) positions of this call's tokens (the last one while decoding step by step), −1 at padding.
-        plan: their gather plan (:func:`~fairseq_pe.positional.injector.gather_plan`).
+        plan: their gather plan (:func:`~fairseq_pe.positional.injector.gather_plan`) where the pass looks rows up
+            (FLOATER's biases, ``--pe-all-blocks``); else None.
         length: an exclusive bound of the positions, known without reading them (a table's length).
         memo: values of the pass that depend on positions only (:class:`PassMemo`).
         relative: the side's relative encoding, used by the self-attention of every block (None: none).
@@ -223,7 +224,7 @@ class PositionPass(NamedTuple):
     """
     owner: object
     positions: Tensor
-    plan: Tuple
+    plan: Optional[Tuple]
     length: int
     memo: PassMemo
     relative: Optional[object] = None
