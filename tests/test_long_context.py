@@ -7,8 +7,9 @@ import contextlib
 import pytest
 import torch
 
+from fairseq_pe import systems as catalogue
 from fairseq_pe.diagnostics.attention_calls import recording
-from fairseq_pe.models import attention
+from fairseq_pe.models import attention, relative_vector_blocks
 from tests.helpers import ALL_ENCODINGS, build_model, random_tokens
 
 
@@ -66,6 +67,72 @@ def test_blocks_equal_sdpa(name, dtype, small_blocks):
     for e, g in zip(expected, got):
         assert torch.isfinite(g).all()
         torch.testing.assert_close(g.float(), e.float(), **tolerance)
+
+
+#: the encodings with query terms (the Shaw family), which evaluate in blocks on SDPA (relative_vector_blocks)
+QUERY_TERMS = sorted(name for name in ALL_ENCODINGS if catalogue.get(name).query_terms)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("padding", ["left", "right", "none"])
+@pytest.mark.parametrize("name", QUERY_TERMS + ["rpe-learned-untied-heads"])
+def test_query_term_blocks_on_sdpa_equal_the_explicit_attention(name, padding, dtype, monkeypatch):
+    """The Shaw family's blocks in evaluation, on SDPA with its log-sum-exp (the keys left and right of a block's
+    band each one softmax of one distance, the band written out, merged by their shares), against every key written
+    out (``explicit``): encoder and decoder, padding on the left, right or none, K = 2 and blocks of 3 rows (every
+    region non-empty, and blocks at the ends), float32 and float64.  Catches a region off by one key, a key term or
+    value vector of the wrong end, a share not merged, a padded region given probability."""
+    flags = ["--pe-relative", "learned", "--pe-relative-untie-heads"] if name == "rpe-learned-untied-heads" \
+        else ALL_ENCODINGS[name]
+    flags = [*flags, "--pe-relative-max-distance", "2"]
+    monkeypatch.setattr(attention, "EVAL_BLOCK_ELEMENTS", 1)
+    monkeypatch.setattr(attention, "EVAL_BLOCK_MIN_ROWS", 3)
+    reference, d = build_model(*flags)
+    blocks, _ = build_model(*flags, overrides={"pe_attention_kernel": "blockwise"})
+    for module in reference.modules():
+        if isinstance(module, attention.PositionAttention):
+            module.kernel = "explicit"  # every call written out (the planner's reference)
+    for model in (reference, blocks):
+        model.to(dtype)
+        with torch.no_grad():
+            for p in model.parameters():  # relative vectors of their own size: every term counts
+                p.normal_(0, 0.3, generator=torch.Generator().manual_seed(p.numel()))
+    left_pad = {"left": (0, 4, 9), "right": (), "none": ()}[padding]
+    src = random_tokens(d, 3, 13, left_pad=left_pad)
+    prev = random_tokens(d, 3, 12, seed=1)
+    if padding == "right":
+        prev[2, 6:] = d.pad()
+        src[1, 9:] = d.pad()
+    lengths = src.ne(d.pad()).sum(1)
+    sdpa = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    calls = []
+    monkeypatch.setattr(relative_vector_blocks, "sdpa_with_logsumexp",
+                        lambda *a: calls.append(a[1].size(2)) or sdpa(*a[:3], attn_mask=a[3], scale=1.0))
+    with torch.no_grad():
+        expected = outputs(reference, d, src, lengths, prev)
+        got = outputs(blocks, d, src, lengths, prev)
+    assert calls and max(calls) >= 5, calls  # regions on SDPA (left and right of the bands), of several keys
+    # the explicit path's softmax is float32 (safe_softmax): a float64 model agrees to float32's rounding
+    tolerance = {"rtol": 1e-5, "atol": 1e-5}
+    for e, g in zip(expected, got):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, e, **tolerance)
+
+
+def test_query_term_blocks_give_a_row_without_keys_zeros():
+    """A row whose every key is padding (a source of padding only): probabilities 0 in every region, the output 0
+    (as SDPA and safe_softmax give), never NaN."""
+    model, _ = build_model("--pe-relative", "learned", "--pe-relative-max-distance", "1")
+    relative = model.encoder.embed_positions.relative
+    torch.manual_seed(0)
+    heads, dim = relative.num_heads, relative.head_dim
+    q, k, v = (torch.randn(2, heads, 7, dim) for _ in range(3))
+    padding = torch.zeros(2, 7, dtype=torch.bool)
+    padding[1] = True
+    padding[0, :2] = True
+    out = relative_vector_blocks.relative_vector_blocks(relative, 1, q, k, v, 0, False, padding,
+                                                        q.new_empty(7, 2, heads, dim), elements=1, min_rows=3)
+    assert torch.isfinite(out).all() and out[:, 1].abs().max() == 0 and out[:, 0].abs().min(0).values.max() > 0
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")

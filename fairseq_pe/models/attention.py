@@ -61,6 +61,7 @@ from fairseq.modules import MultiheadAttention
 
 from fairseq_pe.models import flex
 from fairseq_pe.models.capabilities import DEVICE, DeviceCapabilities
+from fairseq_pe.models.relative_vector_blocks import relative_vector_blocks
 from fairseq_pe.positional.pass_state import BlockMaskKey, MaskKey, RelativeRows, current_pass
 
 logger = logging.getLogger(__name__)
@@ -515,6 +516,13 @@ class PositionAttention(MultiheadAttention):
         the Shaw family's and the logits hook's blocks explicitly (:meth:`_blockwise`)."""
         relative = call.relative
         if explicit_terms(relative):
+            if self.relative_vectors_on_sdpa(call):
+                out = call.q.new_empty(call.q.size(2), call.q.size(0), call.q.size(1), call.q.size(3))
+                with autocast_off(call.q.device, call.float32):
+                    relative_vector_blocks(relative, self.block, call.q, call.k, call.v, call.query_offset,
+                                           call.causal, call.key_padding_mask, out, EVAL_BLOCK_ELEMENTS,
+                                           EVAL_BLOCK_MIN_ROWS)
+                return self.project_heads(out.permute(1, 2, 0, 3), call.out_dtype)
             return self._blockwise(call, EVAL_BLOCK_ELEMENTS)
         q, k, v, rows = call.q, call.k, call.v, call.rows
         bsz, heads, tgt_len, src_len = call.sizes
@@ -584,6 +592,16 @@ class PositionAttention(MultiheadAttention):
                                               scale=self.scaling, query_offset=call.query_offset, causal=call.causal,
                                               key_padding_mask=call.key_padding_mask, dropout_p=p)
         return self.project_heads(out, call.out_dtype)
+
+    def relative_vectors_on_sdpa(self, call: Call) -> bool:
+        """Whether the blocks of a Shaw-family encoding run on SDPA (:mod:`.relative_vector_blocks`): its distances
+        are the indices' (no randomised positions), no attention mask but the causal one, no dropout, float32 or
+        float64, and a kernel that returns the log-sum-exp (:class:`~.capabilities.DeviceCapabilities`)."""
+        relative = call.relative
+        return (relative.query_terms and not relative.own_logits and call.rows.positions is None
+                and (call.attn_mask is None or call.causal) and self.dropout_p() == 0
+                and call.q.dtype in (torch.float32, torch.float64) and call.v.dtype == call.q.dtype
+                and not self.capabilities.relative_vectors_explicit(call.q.device))
 
     def _blockwise(self, call: Call, elements: int = BLOCK_ELEMENTS) -> Tensor:
         """The attention computed explicitly over blocks of query rows (about ``elements`` logits each): each block

@@ -14,13 +14,15 @@ Every answer follows torch 2.13's kernels:
   on the CPU it needs the probabilities (the blockwise path);
 * :meth:`~DeviceCapabilities.flex_backward`: FlexAttention's backward ("FlexAttention does not support backward on
   CPU");
-* :meth:`~DeviceCapabilities.flex_float64`: FlexAttention in float64 (the CPU's kernel takes float32, fp16, bf16).
+* :meth:`~DeviceCapabilities.flex_float64`: FlexAttention in float64 (the CPU's kernel takes float32, fp16, bf16);
+* :meth:`~DeviceCapabilities.relative_vectors_explicit`: the Shaw family's evaluation written out, where no SDPA
+  kernel that returns the log-sum-exp is wired (:mod:`fairseq_pe.models.relative_vector_blocks` calls the CPU's).
 """
 
 import torch
 
 #: the names of the predicates of :class:`DeviceCapabilities`, each a function of a ``torch.device``
-PREDICATES = ("aligned_rows", "mask_gradient_fused", "flex_backward", "flex_float64")
+PREDICATES = ("aligned_rows", "mask_gradient_fused", "flex_backward", "flex_float64", "relative_vectors_explicit")
 
 
 class DeviceCapabilities:
@@ -41,6 +43,12 @@ class DeviceCapabilities:
 
     def flex_float64(self, device: torch.device) -> bool:
         """Whether FlexAttention computes in float64 on ``device``."""
+        return device.type == "cuda"
+
+    def relative_vectors_explicit(self, device: torch.device) -> bool:
+        """Whether the Shaw family's blocks in evaluation are computed explicitly: torch's CPU kernel
+        (``_scaled_dot_product_flash_attention_for_cpu``) returns the log-sum-exp that their SDPA path needs
+        (:mod:`~fairseq_pe.models.relative_vector_blocks`); CUDA's kernels are not wired to it."""
         return device.type == "cuda"
 
 
