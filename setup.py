@@ -51,6 +51,10 @@ setup(
             "fairseq-pe-prepare-wikitext = fairseq_pe.data_prep.wikitext:main",
             "fairseq-pe-lm-lengths = fairseq_pe.lm.extrapolation:main",
             "fairseq-pe-counting = fairseq_pe.lm.counting:main",
+            "fairseq-pe-benchmark = fairseq_pe.benchmark.cli:main",
+            "fairseq-pe-gpu-check = fairseq_pe.benchmark.gpu_check.cli:main",
+            "fairseq-pe-count-ops = fairseq_pe.benchmark.count_ops:main",
+            "fairseq-pe-sdpa-arguments = fairseq_pe.benchmark.sdpa_arguments:main",
         ],
     },
 )

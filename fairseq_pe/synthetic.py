@@ -1,5 +1,5 @@
-"""Random fairseq batches, for the measurement scripts (``scripts/count_ops.py``, ``scripts/gpu_check.py``,
-``scripts/sdpa_arguments.py``) and the tests."""
+"""Random fairseq batches, for the measurement tools (``fairseq-pe-count-ops``, ``fairseq-pe-gpu-check``,
+``fairseq-pe-sdpa-arguments``: :mod:`fairseq_pe.benchmark`) and the tests."""
 
 import torch
 from fairseq.data import Dictionary, LanguagePairDataset

@@ -204,7 +204,7 @@ GROUPS: Dict[str, Tuple[str, ...]] = {
     "bert-cpu": ("ape-learned", "ape-sinusoidal", "ape-learnable-sin", "rpe-learned", "floater"),
     "bert-pretrain": ("ape-learned", "ape-sinusoidal", "ape-learnable-sin", "rpe-learned", "rpe-sinusoidal",
                       "rpe-learnable-sin", "ape-learned+rpe-learned", "ape+rpe-learnable-sin", "floater"),
-    # scripts/gpu_check.py, in the order of their value on a GPU: the widely used encodings and those whose attention
+    # fairseq-pe-gpu-check, in the order of their value on a GPU: the widely used encodings and those whose attention
     # takes each path first (APE, RoPE: no mask; ALiBi: a fixed bias; T5 and KERPLE: a learned bias; Shaw: blockwise;
     # FoX, CoPE, DAPE: the logits hook), then the rest
     "gpu-check": ("ape-sinusoidal", "rope", "alibi", "t5", "kerple-power", "rpe-learned", "xpos", "fire", "sandwich",
@@ -224,7 +224,7 @@ GROUPS: Dict[str, Tuple[str, ...]] = {
                   "floater-input", "floater", "floater-bias", "p-rope", "rope-resonance", "fope") + DATA_DEPENDENT_2024,
     # a sinusoidal APE, a learned APE at every block, Shaw's RPE, RoPE, ALiBi, T5, KERPLE, FIRE, FLOATER at every
     # block and as biases: the tests' representative subset (tests/test_fairseq_features_cli.py)
-    # docs/speed.md's long-context run (benchmark_positions.py --long): every bias, the Shaw RPE, RoPE, an APE and
+    # docs/speed.md's long-context run (fairseq-pe-benchmark --long): every bias, the Shaw RPE, RoPE, an APE and
     # FLOATER's Q/K/V biases
     "long-context": ("alibi", "t5", "kerple-log", "kerple-power", "sandwich", "fire", "rpe-learned", "rope",
                      "ape-sinusoidal", "floater-bias"),
@@ -251,7 +251,7 @@ GROUPS["s2l-cpu-captions-2024"] = ("rope", "alibi", "kerple-log") + ROTARY_2024 
 GROUPS["lm-cpu-counting"] = ("ape-learned", "rpe-learned", "cope", "none", "rope", "alibi", "fox")
 # every system fairseq-pe-quickstart knows by name before the catalogue (count_ops, gpu_check start from it)
 GROUPS["translation"] = GROUPS["quickstart"] + ("ape-sin+rpe-learned",) + GROUPS["extrapolation"]
-# scripts/benchmark_positions.py: the translation systems, FLOATER at the input beside every block, fairseq's
+# fairseq-pe-benchmark: the translation systems, FLOATER at the input beside every block, fairseq's
 # sinusoids beside the plugin's, and the biases' randomised forms (a distance table, a per-row pass)
 GROUPS["benchmark"] = tuple(
     extra for name in GROUPS["translation"] if name != "ape-sin+rpe-learned"

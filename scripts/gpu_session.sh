@@ -7,7 +7,7 @@
 #
 # Options:
 #   --device cuda|cpu    default cuda
-#   --budget SECONDS     the checks' budget (scripts/gpu_check.py --budget; default 420 on cuda, 150 on cpu)
+#   --budget SECONDS     the checks' budget (fairseq-pe-gpu-check --budget; default 420 on cuda, 150 on cpu)
 #   --total SECONDS      the whole command, install and benchmark included (default 570: a command may run 600 s
 #                        on the lent machines); the benchmark runs only when at least BENCHMARK_MIN (150) s are left
 #   --wheelhouse DIR     the folder of wheels for the offline install (default: wheelhouse, when fairseq_pe does
@@ -15,11 +15,13 @@
 #   --no-install         never install (fairseq_pe must import with $PYTHON)
 #   --no-benchmark       the checks only
 #   --force              replace the results of an earlier session in OUT
-#   --systems NAME...    passed to gpu_check.py (and nothing else may follow it)
+#   --systems NAME...    passed to fairseq-pe-gpu-check (and nothing else may follow it)
 #
 # The Python: $PYTHON, else /opt/torch/.venv/bin/python3 where that exists (the lent machines' torch), else
-# python3.  Writes OUT/gpu_check.{json,md} (after every check), OUT/gpu_check.txt (the table), OUT/install.log,
-# OUT/benchmark/ and OUT/session.txt (what ran, how long, exit statuses).  Progress goes to stderr.
+# python3; the tools run as its modules (python -m fairseq_pe.benchmark.gpu_check, python -m fairseq_pe.benchmark):
+# the folder where pip puts their console scripts need not be on PATH.  Writes OUT/gpu_check.{json,md} (after every
+# check), OUT/gpu_check.txt (the table), OUT/install.log, OUT/benchmark/ and OUT/session.txt (what ran, how long, exit
+# statuses).  Progress goes to stderr.
 # Exit status: 1 when the install failed, a check failed or the benchmark failed; 0 otherwise; 2 for a usage error.
 set -uo pipefail
 usage="usage: bash scripts/gpu_session.sh OUT [--device cuda|cpu] [--budget S] [--total S] [--wheelhouse DIR] [--no-install] [--no-benchmark] [--force] [--systems NAME...]"
@@ -39,7 +41,7 @@ while [[ $# -gt 0 ]]; do
         --no-benchmark) benchmark=0; shift ;;
         --force) force=1; shift ;;
         --systems) shift; systems=("$@"); [[ ${#systems[@]} -gt 0 ]] || die "--systems: one name or more"; break ;;
-        -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) die "unknown option '$1'" ;;
         *) [[ -z $out ]] || die "one OUT folder, not '$out' and '$1'"; out=$1; shift ;;
     esac
@@ -88,7 +90,7 @@ args=(--device "$device" --out "$out" --force)
 [[ -n $budget ]] && args+=(--budget "$budget")
 [[ ${#systems[@]} -gt 0 ]] && args+=(--systems "${systems[@]}")
 t=$SECONDS
-"$PYTHON" scripts/gpu_check.py "${args[@]}" > "$out/gpu_check.txt"
+"$PYTHON" -m fairseq_pe.benchmark.gpu_check "${args[@]}" > "$out/gpu_check.txt"
 check_status=$?
 cat "$out/gpu_check.txt"
 note "checks: exit status $check_status after $((SECONDS - t)) s (OUT/gpu_check.md, OUT/gpu_check.json)"
@@ -96,14 +98,15 @@ note "checks: exit status $check_status after $((SECONDS - t)) s (OUT/gpu_check.
 # 3. the benchmark, with the time left
 bench_status=0
 left=$((total - (SECONDS - start)))
-bench=("$PYTHON" scripts/benchmark_positions.py --out "$out/benchmark" --force --device cuda --fp16 --size iwslt
-       --systems "${BENCHMARK_SYSTEMS[@]}" --repeats 1 --lengths 1024 4096)
+bench_args=(--out "$out/benchmark" --force --device cuda --fp16 --size iwslt --systems "${BENCHMARK_SYSTEMS[@]}"
+            --repeats 1 --lengths 1024 4096)
+bench=("$PYTHON" -m fairseq_pe.benchmark "${bench_args[@]}")
 if [[ $benchmark == 0 ]]; then
     note "benchmark: --no-benchmark"
 elif [[ $device != cuda ]]; then
-    note "benchmark: CUDA only (on the GPU machine: ${bench[*]:1})"
+    note "benchmark: CUDA only (on the GPU machine: fairseq-pe-benchmark ${bench_args[*]})"
 elif (( left < BENCHMARK_MIN )); then
-    note "benchmark: not run, $left s left (it needs $BENCHMARK_MIN); run it as a command of its own: ${bench[*]:1}"
+    note "benchmark: not run, $left s left (it needs $BENCHMARK_MIN); run it as a command of its own: fairseq-pe-benchmark ${bench_args[*]}"
 else
     t=$SECONDS
     timeout --signal INT --kill-after 10 "$((left - 5))" "${bench[@]}" > "$out/benchmark.txt" 2>&1

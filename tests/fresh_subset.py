@@ -47,6 +47,11 @@ FRESH_SUBSET = {
                                     "test_data_prep_lm.py::test_prepare_wikitext_on_the_wikitext2_raw_files"],
     "fairseq-pe-lm-lengths": ["test_lm_tools.py::test_stock_model_that_skips_samples_is_an_error"],
     "fairseq-pe-counting": ["test_counting.py::test_counting_tool_end_to_end"],
+    "fairseq-pe-benchmark": [
+        "test_benchmark_script.py::test_benchmark_script_encoder_memory_only_with_a_left_padded_batch"],
+    "fairseq-pe-gpu-check": ["test_gpu_check.py::test_without_cuda_it_says_so_and_exits_0_and_it_checks_on_the_cpu"],
+    "fairseq-pe-count-ops": ["test_host_syncs.py::test_the_console_script_counts_and_writes_the_operators"],
+    "fairseq-pe-sdpa-arguments": ["test_kernel_choices.py::test_the_console_script_prints_the_rows_of_speed_md"],
     "fairseq-interactive": ["test_lm.py::test_interactive_and_the_hub_generate_from_a_trained_model"],
     "fairseq-eval-lm": ["test_lm_tools.py::test_stock_model_that_skips_samples_is_an_error"],
     "fairseq-hydra-train": ["test_hydra.py::test_fairseqs_roberta_pretraining_config_runs_with_roberta_pe"],

@@ -389,16 +389,3 @@ ALL_ENCODINGS = {name: flags + TEST_SIZES.get(name, []) for name, flags in catal
 #: control): the catalogue's group "randomised"
 RANDOMISABLE = list(catalogue.GROUPS["randomised"])
 assert all(catalogue.get(name).randomisable for name in RANDOMISABLE)
-
-
-def load_script(name: str):
-    """``scripts/<name>.py`` as a module (its folder importable, as when it runs: the scripts import each other)."""
-    import importlib.util
-
-    folder = os.path.join(REPO, "scripts")
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    spec = importlib.util.spec_from_file_location(name, os.path.join(folder, name + ".py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

@@ -1,13 +1,18 @@
-"""The benchmark scripts run end to end (tiny settings; they measure, they do not assert speed)."""
+"""The benchmarks run end to end (fairseq-pe-benchmark, fairseq_pe/benchmark/; scripts/benchmark_analysis.py): tiny
+settings, they measure, they do not assert speed."""
 
 import json
 import os
 import subprocess
 import sys
 
-from helpers import REPO, cli, load_script
+from fairseq_pe.benchmark import cli as benchmark
+from fairseq_pe.benchmark import language_model, long_context, models, translation
+from fairseq_pe.benchmark.runner import MeasurementFailed, Progress
 
-BENCHMARK = os.path.join(REPO, "scripts", "benchmark_positions.py")
+from helpers import REPO, cli
+
+BENCHMARK = "fairseq-pe-benchmark"
 
 
 def cells(md, system):
@@ -19,7 +24,7 @@ def cells(md, system):
 
 def test_benchmark_script_smoke(tmp_path):
     out = tmp_path / "bench"
-    cmd = [sys.executable, BENCHMARK, "--out", str(out), "--size", "tiny",
+    cmd = [BENCHMARK, "--out", str(out), "--size", "tiny",
            "--systems", "rpe-learned", "--updates", "2", "--max-tokens", "500",
            "--sentences", "40", "--gen-sentences", "3", "--gen-len", "5", "--vocab", "50", "--lengths", "64",
            "--threads", "1", "--repeats", "2"]
@@ -117,7 +122,7 @@ def test_benchmark_script_encoder_memory_only_with_a_left_padded_batch(tmp_path)
     """--encoder-only measures the encoder forward memory alone; --encoder-batch left-padded adds a half-length
     sentence padded on the left (FIRE's per-row path under randomised positions)."""
     out = tmp_path / "bench"
-    cmd = [sys.executable, BENCHMARK, "--out", str(out), "--size", "tiny", "--systems", "fire-random",
+    cmd = [BENCHMARK, "--out", str(out), "--size", "tiny", "--systems", "fire-random",
            "--encoder-only", "--encoder-batch", "left-padded", "--vocab", "50", "--lengths", "64", "--threads", "1",
            "--bf16"]
     proc = cli(*cmd, check=False)
@@ -140,22 +145,22 @@ def test_benchmark_commands_on_cuda_with_half_precision(monkeypatch):
     CUDA in that dtype; a machine without CUDA, or --fp16 on the CPU, is told so (exit 2, the flag named)."""
     import torch
 
-    bench = load_script("benchmark_positions")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA Test GPU")
-    args = bench.parse_args(["--device", "cuda", "--fp16", "--size", "tiny"])
-    cmds = bench.commands(args, "rope", "DATA", "SAVE")
+    args = benchmark.parse_args(["--device", "cuda", "--fp16", "--size", "tiny"])
+    cmds = translation.commands(args, "rope", "DATA", "SAVE")
     for kind in ("train", "generate"):
         assert "--cpu" not in cmds[kind] and cmds[kind].count("--fp16") == 1 and "--bf16" not in cmds[kind]
     assert cmds["encoder"][7:9] == ["cuda", "float16"]
-    assert bench.precision_label(args) == "CUDA (NVIDIA Test GPU), float16"
-    stock = bench.commands(bench.parse_args(["--device", "cuda", "--bf16", "--size", "tiny"]), "stock", "DATA", "SAVE")
+    assert models.precision_label(args) == "CUDA (NVIDIA Test GPU), float16"
+    stock = translation.commands(benchmark.parse_args(["--device", "cuda", "--bf16", "--size", "tiny"]), "stock", "DATA",
+                                 "SAVE")
     assert "--bf16" in stock["train"] and "--user-dir" not in stock["train"]
-    assert "--cpu" in bench.commands(bench.parse_args(["--size", "tiny"]), "rope", "DATA", "SAVE")["train"]
+    assert "--cpu" in translation.commands(benchmark.parse_args(["--size", "tiny"]), "rope", "DATA", "SAVE")["train"]
     env = dict(os.environ, PYTHONWARNINGS="ignore", CUDA_VISIBLE_DEVICES="")
     for flags, named in ((["--fp16"], "--fp16 needs --device cuda"), (["--device", "cuda"], "--device cuda:")):
-        proc = subprocess.run([sys.executable, BENCHMARK, "--out", "unused", *flags], capture_output=True, text=True,
-                              env=env)
+        proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), BENCHMARK), "--out", "unused", *flags],
+                              capture_output=True, text=True, env=env)
         assert proc.returncode == 2 and named in proc.stderr, proc.stderr[-2000:]
 
 
@@ -164,7 +169,7 @@ def test_benchmark_long_context_evaluation(tmp_path):
     process; memory and time as ratios to stock at the same T, the first call apart, the per-token memory of the
     longest T against the shortest; --encoder-layers the same for stock and plugin, the kernel passed to the plugin."""
     out = tmp_path / "long"
-    cmd = [sys.executable, BENCHMARK, "--out", str(out), "--size", "tiny", "--systems", "alibi", "--long",
+    cmd = [BENCHMARK, "--out", str(out), "--size", "tiny", "--systems", "alibi", "--long",
            "--long-lengths", "128", "64", "--encoder-layers", "1", "--threads", "1", "--repeats", "2", "--vocab", "50"]
     proc = cli(*cmd, check=False)  # the script from the tests' fork server; its measurements in fresh processes
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -224,8 +229,7 @@ def test_benchmark_long_context_targets_and_failures():
     """The long targets (the issue's): evaluation memory at 16384 and 32768 ≤ 1.10× (FLOATER's biases ≤ 2.5×),
     time at 16384 ≤ 1.3× for the biased encodings, per-token memory at 32768 against 4096 within ±10%, CUDA training
     memory at 8192 ≤ 1.2× (judged on CUDA only); a failed measurement is "failed" and not measured."""
-    bench = load_script("benchmark_positions")
-    args = bench.parse_args(["--long", "--size", "tiny"])
+    args = benchmark.parse_args(["--long", "--size", "tiny"])
     assert args.long_lengths == [4096, 8192, 16384, 32768] and args.long_kernel == "auto"
 
     def runs(name, mem, seconds, failed=(), first=2):
@@ -244,7 +248,7 @@ def test_benchmark_long_context_targets_and_failures():
         "floater-bias": runs("floater-bias", lambda t: 2.4 * t, lambda t: 3 * t / 1000),
         "rope": runs("rope", lambda t: t, lambda t: t / 1000, failed=(32768,)),
     }
-    bench.long_ratios(args, results)
+    long_context.long_ratios(args, results)
     assert results["alibi"]["targets"] == {
         "eval_mem_16384": {"target": 1.1, "ratio": 1.05, "met": True},
         "eval_mem_32768": {"target": 1.1, "ratio": 1.2, "met": False},
@@ -256,14 +260,14 @@ def test_benchmark_long_context_targets_and_failures():
     assert "eval_s_16384" not in results["floater-bias"]["targets"]  # no time target outside the biased group
     assert results["rope"]["targets"]["eval_mem_32768"]["met"] is None and "stock" not in [
         n for n, r in results.items() if r["targets"]]
-    table, absolute = bench.long_report(args, results)
+    table, absolute = long_context.long_report(args, results)
     memory, timing = table.split("Evaluation time")
     assert cells(memory, "alibi")[1:] == ["1.05×", "1.05×", "1.05× ✓", "1.20× ✗ (≤1.10)",
                                           "1.14× ✗ (0.90–1.10)"]
     assert cells(memory, "rope")[3:] == ["1.00× ✓", "failed", "failed"]
     assert cells(timing, "t5")[5:7] == ["1.40× ✗ (≤1.30)", "7.00×"]  # T=16384: time, first call
     assert "eval T=32768: 32.0 MiB, 32.77 s (first call 65.54 s)" in absolute
-    line, totals = bench.long_summary(results)
+    line, totals = long_context.long_summary(results)
     assert totals["missed"] == ["alibi eval_mem_32768 1.20×", "alibi per_token 1.14×", "t5 eval_s_16384 1.40×"]
     assert totals["not_measured"] == ["rope eval_mem_32768", "rope per_token"]
     # the CUDA training target is judged on CUDA only
@@ -271,8 +275,8 @@ def test_benchmark_long_context_targets_and_failures():
     train = {name: {"flags": "", "long_errors": {},
                     "long": {f"train T={t}{k}": {"mem_kb": m * t, "best_s": 1.0, "first_s": 1.0}
                              for t in (4096, 8192) for k, m in kernels[name]}} for name in kernels}
-    cpu = bench.parse_args(["--long-train", "--size", "tiny"])
-    bench.long_ratios(cpu, train)
+    cpu = benchmark.parse_args(["--long-train", "--size", "tiny"])
+    long_context.long_ratios(cpu, train)
     assert train["kerple-log"]["targets"] == {} and train["kerple-log"]["ratios"]["train_mem_8192_vs_sdpa"] == 0.5
     assert train["kerple-log"]["ratios"]["train_mem_8192"] == 1.3
 
@@ -286,33 +290,32 @@ def test_benchmark_long_context_arguments_on_cuda(monkeypatch):
 
     from fairseq_pe.errors import UserError
 
-    bench = load_script("benchmark_positions")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA Test GPU")
-    args = bench.parse_args(["--long-train", "--device", "cuda", "--fp16", "--size", "tiny", "--systems", "t5",
+    args = benchmark.parse_args(["--long-train", "--device", "cuda", "--fp16", "--size", "tiny", "--systems", "t5",
                              "--train-lengths", "8192", "4096", "--encoder-layers", "2"])
-    assert bench.long_runs(args, ["stock", "t5"]) == [
+    assert long_context.long_runs(args, ["stock", "t5"]) == [
         ("train", 4096, "stock", None), ("train", 4096, "t5", "auto"), ("train", 4096, "t5", "sdpa"),
         ("train", 8192, "stock", None), ("train", 8192, "t5", "auto"), ("train", 8192, "t5", "sdpa")]
-    t5 = bench.long_command(args, "t5", "train", "sdpa")
+    t5 = long_context.long_command(args, "t5", "train", "sdpa")
     assert t5[6:10] == ["8", "cuda", "float16", "train"] and t5[11] == "0"  # no address-space limit on CUDA
     assert t5[-4:] == ["--encoder-layers", "2", "--pe-attention-kernel", "sdpa"]
-    stock = bench.long_command(args, "stock", "train")
+    stock = long_context.long_command(args, "stock", "train")
     assert stock[0] == "stock" and "--pe-attention-kernel" not in stock and stock[-2:] == ["--encoder-layers", "2"]
-    assert [c[0] for c in bench.long_columns(args)[0][1]][:4] == [
+    assert [c[0] for c in long_context.long_columns(args)[0][1]][:4] == [
         "train mem T=4096", "train time T=4096", "mem vs sdpa T=4096", "time vs sdpa T=4096"]
-    both = bench.parse_args(["--long", "--long-train", "--long-kernel", "sdpa", "--size", "tiny",
+    both = benchmark.parse_args(["--long", "--long-train", "--long-kernel", "sdpa", "--size", "tiny",
                              "--long-lengths", "64", "--train-lengths", "32", "--memory-limit", "2"])
-    assert [r[1:] for r in bench.long_runs(both, ["stock", "t5"])] == [
+    assert [r[1:] for r in long_context.long_runs(both, ["stock", "t5"])] == [
         (64, "stock", None), (64, "t5", "sdpa"), (32, "stock", None), (32, "t5", "sdpa")]  # sdpa once
-    assert bench.long_command(both, "t5", "eval", "sdpa")[11] == str(2 * 1024 * 1024)
+    assert long_context.long_command(both, "t5", "eval", "sdpa")[11] == str(2 * 1024 * 1024)
     for argv, named in ((["--encoder-layers", "1"], "--encoder-layers"), (["--long-kernel", "flex"], "--long-kernel"),
                         (["--long", "--long-lengths", "0"], "--long-lengths"),
                         (["--long-train", "--train-batch", "0"], "--train-batch"),
                         (["--long", "--encoder-only"], "--encoder-only"),
                         (["--long-train", "--device", "cuda", "--memory-limit", "4"], "--memory-limit")):
         with pytest.raises(UserError, match=named):
-            bench.parse_args(argv + ["--size", "tiny"])
+            benchmark.parse_args(argv + ["--size", "tiny"])
 
 
 def test_benchmark_language_models_end_to_end(tmp_path):
@@ -320,7 +323,7 @@ def test_benchmark_language_models_end_to_end(tmp_path):
     plugin): a training step at L and one fairseq-eval-lm sample at 2L and 4L; the table's ratios are the JSON's
     figures over stock's, with the group's target at 16L judged only where 16L is measured."""
     out = tmp_path / "lm"
-    cmd = [sys.executable, BENCHMARK, "--out", str(out), "--lm", "--size", "tiny", "--systems", "alibi",
+    cmd = [BENCHMARK, "--out", str(out), "--lm", "--size", "tiny", "--systems", "alibi",
            "--lm-length", "16", "--lm-multiples", "4", "2", "--lm-batch", "2", "--threads", "1", "--repeats", "2",
            "--vocab", "50"]
     proc = cli(*cmd, check=False)  # the script from the tests' fork server; its measurements in fresh processes
@@ -371,14 +374,14 @@ def test_benchmark_language_model_targets_failures_and_arguments(monkeypatch):
 
     from fairseq_pe.errors import UserError
 
-    bench = load_script("benchmark_positions")
-    args = bench.parse_args(["--lm", "--size", "tiny", "--lm-length", "8"])
+    args = benchmark.parse_args(["--lm", "--size", "tiny", "--lm-length", "8"])
     assert args.lm_multiples == [4, 16] and args.arch == "transformer_lm_pe_tiny" and args.size == "tiny"
-    assert bench.parse_args(["--lm"]).arch == "transformer_lm_pe"
-    assert bench.parse_args([]).arch == "transformer_pe_wmt_en_de"
+    assert benchmark.parse_args(["--lm"]).arch == "transformer_lm_pe"
+    assert benchmark.parse_args([]).arch == "transformer_pe_wmt_en_de"
     # randomised positions reach past the longest evaluation (16L), the length the models are built for
-    assert bench.lm_system_flags(args, "rope-random")[-1] == str(16 * 8 + 8)
-    assert bench.lm_command(args, "stock")[3] == str(16 * 8) and "--user-dir" not in bench.lm_command(args, "stock")
+    assert language_model.lm_system_flags(args, "rope-random")[-1] == str(16 * 8 + 8)
+    stock = language_model.lm_command(args, "stock")
+    assert stock[3] == str(16 * 8) and "--user-dir" not in stock
 
     def runs(train, mem16, s16, failed=()):
         figures = {"train T=8": (train, 1000), "eval T=32": (1.0, 100), "eval T=128": (s16, mem16)}
@@ -388,7 +391,7 @@ def test_benchmark_language_model_targets_failures_and_arguments(monkeypatch):
 
     results = {"stock": runs(1.0, 1000, 1.0), "alibi": runs(1.084, 1050, 1.31), "ape-sinusoidal": runs(1.0, 1000, 1.0),
                "floater-bias": runs(1.1, 2400, 9.0), "rope": runs(1.0, 1000, 1.0, failed=("eval T=128",))}
-    bench.lm_ratios(args, results)
+    language_model.lm_ratios(args, results)
     assert results["alibi"]["targets"] == {
         "train_s": {"target": 1.08, "ratio": 1.084, "met": True},  # judged as printed: 1.08×
         "eval_mem_16L": {"target": 1.10, "ratio": 1.05, "met": True},
@@ -396,7 +399,7 @@ def test_benchmark_language_model_targets_failures_and_arguments(monkeypatch):
     assert results["floater-bias"]["targets"]["eval_mem_16L"] == {"target": 2.5, "ratio": 2.4, "met": True}
     assert "eval_s_16L" not in results["floater-bias"]["targets"]  # no time target outside the biases read in place
     assert results["rope"]["targets"]["eval_mem_16L"]["met"] is None and results["stock"]["targets"] == {}
-    table, absolute, targets = bench.lm_report(args, results)
+    table, absolute, targets = language_model.lm_report(args, results)
     assert cells(table, "alibi")[1:] == ["1.08× ✓", "1.00×", "1.00×", "1.00×", "1.31× ✗ (≤1.30)", "1.05× ✓",
                                          "2/3"]
     assert cells(table, "rope")[5:7] == ["failed", "failed"]
@@ -407,21 +410,21 @@ def test_benchmark_language_model_targets_failures_and_arguments(monkeypatch):
                         (["--size", "base"], "--size base"), (["--lm", "--lm-multiples", "0"], "--lm-multiples"),
                         (["--lm", "--lm-batch", "0"], "--lm-batch")):
         with pytest.raises(UserError, match=named):
-            bench.parse_args(argv)
+            benchmark.parse_args(argv)
     # a child killed (out of memory) after its training step: the step counts, the evaluations failed; a child that
     # fails otherwise (a bug, a bad flag) stops the benchmark with its output
     stdout = "RESULT train:8 0.5 1000 0.25 0.2\n"
-    progress = bench.Progress([("rope", "lm")] * 2)
+    progress = Progress([("rope", "lm")] * 2)
     for code in (-9, 1):
-        monkeypatch.setattr(bench.subprocess, "run",
+        monkeypatch.setattr(language_model.subprocess, "run",
                             lambda *a, **k: subprocess.CompletedProcess(a, code, stdout, "boom"))
         if code == -9:
-            measured, errors, _ = bench.lm_measure(args, "rope", {}, progress)
+            measured, errors, _ = language_model.lm_measure(args, "rope", {}, progress)
             assert measured["train T=8"] == {"mem_kb": 1000, "first_s": 0.5, "best_s": 0.2, "times_s": [0.25, 0.2]}
             assert measured["eval T=32"] is None and "killed: out of memory?" in errors["eval T=128"]
         else:
-            with pytest.raises(bench.MeasurementFailed, match="rope: language model failed .exit status 1"):
-                bench.lm_measure(args, "rope", {}, progress)
+            with pytest.raises(MeasurementFailed, match="rope: language model failed .exit status 1"):
+                language_model.lm_measure(args, "rope", {}, progress)
 
 
 def test_stock_and_plugin_models_of_different_sizes_are_refused():
@@ -431,13 +434,12 @@ def test_stock_and_plugin_models_of_different_sizes_are_refused():
 
     from fairseq_pe.errors import UserError
 
-    bench = load_script("benchmark_positions")
-    args = bench.parse_args(["--lm", "--size", "tiny"])
-    stock, plugin = bench.check_same_size(args, bench.LM_MODEL_FLAGS, bench.LM_SIZE_KEYS, lm=True)
+    args = benchmark.parse_args(["--lm", "--size", "tiny"])
+    stock, plugin = models.check_same_size(args, models.LM_MODEL_FLAGS, models.LM_SIZE_KEYS, lm=True)
     assert stock == plugin
     for argv, model_flags, keys, lm in ((["--lm", "--size", "tiny", "--stock-flags", "--decoder-layers 3"],
-                                         bench.LM_MODEL_FLAGS, bench.LM_SIZE_KEYS, True),
+                                         models.LM_MODEL_FLAGS, models.LM_SIZE_KEYS, True),
                                         (["--size", "tiny", "--stock-flags", "--encoder-layers 3"],
-                                         bench.MODEL_FLAGS, bench.SIZE_KEYS, False)):
+                                         models.MODEL_FLAGS, models.SIZE_KEYS, False)):
         with pytest.raises(UserError, match=r"--stock-arch .* differ: .*layers .*3 vs 2.*pick a --size"):
-            bench.check_same_size(bench.parse_args(argv), model_flags, keys, lm=lm)
+            models.check_same_size(benchmark.parse_args(argv), model_flags, keys, lm=lm)

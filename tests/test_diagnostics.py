@@ -27,6 +27,8 @@ def test_no_model_module_imports_the_diagnostics():
             relative = os.path.relpath(path, REPO)
             if not name.endswith(".py") or relative.startswith(os.path.join("fairseq_pe", "diagnostics")):
                 continue
+            if relative.startswith(os.path.join("fairseq_pe", "benchmark")):
+                continue  # the measurements and the GPU check, which observe models through the instruments
             for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
                 modules = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                     [node.module or ""] if isinstance(node, ast.ImportFrom) else []

@@ -1,7 +1,7 @@
 """FlexAttention path (fairseq_pe/models/flex.py): every encoding's score_mod evaluated densely equals its
 position_bias, values and parameter gradients; flex_attention_forward (eager; one compiled CPU forward) equals SDPA
 with the dense bias and the masks, with padding, causality, a chunk of rows, float32 and bf16; flex_supported's
-reasons.  The CPU has no FlexAttention backward: the kernel's gradients are scripts/gpu_check.py's ``flex`` check."""
+reasons.  The CPU has no FlexAttention backward: the kernel's gradients are fairseq-pe-gpu-check's ``flex`` check."""
 
 import warnings
 from types import SimpleNamespace

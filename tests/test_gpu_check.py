@@ -1,4 +1,5 @@
-"""scripts/gpu_check.py and scripts/gpu_session.sh, the GPU machine's one command, rehearsed on the CPU as CI can:
+"""fairseq-pe-gpu-check (fairseq_pe/benchmark/gpu_check/) and scripts/gpu_session.sh, the GPU machine's one command,
+rehearsed on the CPU as CI can:
 
 * the rehearsal (``bash scripts/gpu_session.sh OUT --device cpu``, within :data:`REHEARSAL_BUDGET` seconds) runs
   every check type, each asserting something (the kernel table of docs/speed.md, rows of −inf giving 0, two gloo
@@ -9,18 +10,21 @@
   ``call_main`` then trains in this process instead of spawning a worker per GPU;
 * an exception in one check is that check's failure, the others go on; a budget spent leaves checks "not run", and
   the JSON written so far;
-* without CUDA and without --device cpu it says so in one line and exits 0."""
+* without CUDA and without --device cpu it says so in one line and exits 0; the console script runs a check on the
+  CPU."""
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
 
-from helpers import REPO, cli, load_script
+from fairseq_pe.benchmark.gpu_check import cli as gpu_check
+from fairseq_pe.benchmark.gpu_check import context, kernels, registry, training
+from fairseq_pe.benchmark.gpu_check import ddp as ddp_check
 
-SCRIPT = os.path.join(REPO, "scripts", "gpu_check.py")
+from helpers import REPO, cli
+
 SESSION = os.path.join(REPO, "scripts", "gpu_session.sh")
 #: the CPU rehearsal's budget: the checks get --budget REHEARSAL_CHECKS, the whole command must end within
 #: REHEARSAL_BUDGET seconds (measured on 2 cores: 44 s idle, 118 s under a load average of 8; docs/install.md)
@@ -28,22 +32,20 @@ REHEARSAL_CHECKS = 240
 REHEARSAL_BUDGET = 300
 
 
-def load():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_without_cuda_it_says_so_and_exits_0():
-    proc = cli(sys.executable, SCRIPT)
+def test_without_cuda_it_says_so_and_exits_0_and_it_checks_on_the_cpu(tmp_path):
+    """The console script (tests/fresh_subset.py runs it as a new interpreter, through its installed wrapper)."""
+    proc = cli("fairseq-pe-gpu-check")
     assert proc.stdout.strip().splitlines() == [
-        "gpu_check: no CUDA device is visible (torch.cuda.is_available() is False); nothing checked "
+        "fairseq-pe-gpu-check: no CUDA device is visible (torch.cuda.is_available() is False); nothing checked "
         "(--device cpu runs the checks on the CPU)"]
+    proc = cli("fairseq-pe-gpu-check", "--device", "cpu", "--systems", "alibi", "--checks", "forward", "--out",
+               tmp_path / "cpu")
+    result = json.loads((tmp_path / "cpu" / "gpu_check.json").read_text())
+    assert result["failed"] == [] and result["checks"]["forward"]["systems"]["alibi"]["status"] == "ok"
+    assert "| alibi | ok |" in proc.stdout and "0 failed, 0 not run (budget), 1 passed" in proc.stdout
 
 
 def test_the_cpu_rehearsal_of_the_one_command(tmp_path, monkeypatch):
-    gpu_check = load()
     out = tmp_path / "session"
     env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     started = time.monotonic()
@@ -54,8 +56,8 @@ def test_the_cpu_rehearsal_of_the_one_command(tmp_path, monkeypatch):
     assert wall < REHEARSAL_BUDGET, f"the rehearsal took {wall:.0f} s, its budget is {REHEARSAL_BUDGET} s"
     result = json.loads((out / "gpu_check.json").read_text())
     assert result["failed"] == [] and result["not_run"] == [], (result["failed"], result["not_run"])
-    assert list(result["checks"]) == [c.name for c in gpu_check.CHECKS]  # every check type, in order
-    systems = gpu_check.REHEARSAL_SYSTEMS
+    assert list(result["checks"]) == [c.name for c in registry.CHECKS]  # every check type, in order
+    systems = context.REHEARSAL_SYSTEMS
     checks = {name: entry["systems"] for name, entry in result["checks"].items()}
     for name in ("kernels", "forward", "incremental", "masked-rows", "positions"):
         assert list(checks[name]) == systems, name
@@ -85,7 +87,7 @@ def test_the_cpu_rehearsal_of_the_one_command(tmp_path, monkeypatch):
     assert ddp["setting"] == "2 processes on the CPU over gloo"
     for backend in ("c10d", "legacy_ddp"):
         assert ddp[backend]["ranks_started"] == 2 and len(ddp[backend]["losses"]) == 4
-    assert ddp["max_relative_deviation"] <= gpu_check.DDP_TOLERANCE["float32"]
+    assert ddp["max_relative_deviation"] <= ddp_check.DDP_TOLERANCE["float32"]
     # flex: FlexAttention's eager forward (the bias as a score_mod, a block mask) equals the dense SDPA path
     flex = checks["flex"]["alibi"]["details"]
     assert list(checks["flex"]) == ["alibi"] and flex["output_error"] <= flex["tolerance"]["output"]
@@ -96,14 +98,16 @@ def test_the_cpu_rehearsal_of_the_one_command(tmp_path, monkeypatch):
     assert table in proc.stdout  # the summary printed at the end
     session = (out / "session.txt").read_text()
     assert "install: not needed" in session and "benchmark: CUDA only" in session
-    # the benchmark's command line, as the session would run it on CUDA, is one benchmark_positions.py takes
+    # the benchmark's command line, as the session would run it on CUDA, is one fairseq-pe-benchmark takes
     benchmark = session.split("benchmark: CUDA only (on the GPU machine: ", 1)[1].split(")\n", 1)[0].split()
-    assert benchmark[0] == "scripts/benchmark_positions.py"
+    assert benchmark[0] == "fairseq-pe-benchmark"
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # its parser asks for a GPU
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a stand-in GPU")
-    parsed = load_script("benchmark_positions").parse_args(benchmark[1:])
+    from fairseq_pe.benchmark.cli import parse_args
+
+    parsed = parse_args(benchmark[1:])
     assert parsed.device == "cuda" and parsed.fp16 and parsed.systems == ["ape-sinusoidal", "rope", "t5",
                                                                           "rpe-learned"]
     again = subprocess.run(["bash", SESSION, str(out), "--device", "cpu"], capture_output=True, text=True, env=env)
@@ -117,7 +121,6 @@ def test_an_injected_fault_fails_the_check_and_names_the_encoding(tmp_path, monk
     sinusoidal APE in the same run passes.  Without the fault the same run passes."""
     from fairseq_pe.positional.alibi import ALiBiPositionBias
 
-    gpu_check = load()
     argv = ["--device", "cpu", "--systems", "ape-sinusoidal", "alibi", "--checks", "kernels", "incremental"]
     assert gpu_check.main([*argv, "--out", str(tmp_path / "sound")]) == 0
     monkeypatch.setattr(ALiBiPositionBias, "adds_bias", property(lambda self: False))
@@ -144,7 +147,6 @@ def test_a_half_precision_model_without_its_bias_fails_the_positions_check(tmp_p
 
     from fairseq_pe.diagnostics import precision as precision_probe
 
-    gpu_check = load()
     argv = ["--device", "cpu", "--systems", "ape-sinusoidal", "alibi", "--checks", "positions"]
     assert gpu_check.main([*argv, "--out", str(tmp_path / "sound")]) == 0
     original = precision_probe.compare_precisions
@@ -170,7 +172,6 @@ def test_trainings_get_a_world_size_of_1_when_torch_reports_two_gpus(monkeypatch
     from fairseq import options
     from fairseq.distributed import utils as distributed_utils
 
-    gpu_check = load()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     training_parser = options.get_training_parser
@@ -184,22 +185,20 @@ def test_trainings_get_a_world_size_of_1_when_torch_reports_two_gpus(monkeypatch
     spawned, ran = [], []
     monkeypatch.setattr(torch.multiprocessing, "spawn", lambda **kw: spawned.append(kw["nprocs"]))
     args = gpu_check.parse_args(["--device", "cuda"])
-    argv = gpu_check.training_argv(args, str(tmp_path), "alibi", "fp16", str(tmp_path / "save"))
-    cfg = gpu_check.training_config(argv)
+    argv = training.training_argv(args, str(tmp_path), "alibi", "fp16", str(tmp_path / "save"))
+    cfg = training.training_config(argv)
     assert cfg.distributed_training.distributed_world_size == 1
     distributed_utils.call_main(cfg, lambda cfg, **kw: ran.append(cfg.distributed_training.distributed_world_size))
     assert ran == [1] and spawned == []
     # the same command line without --distributed-world-size 1: fairseq's default, and a worker per GPU
     i = argv.index("--distributed-world-size")
-    default = gpu_check.training_config(argv[:i] + argv[i + 2:])
+    default = training.training_config(argv[:i] + argv[i + 2:])
     assert default.distributed_training.distributed_world_size == 2
     distributed_utils.call_main(default, lambda cfg, **kw: ran.append("in this process"))
     assert spawned == [2] and ran == [1]
 
 
 def test_an_exception_is_that_checks_failure_and_the_budget_leaves_checks_not_run(tmp_path, monkeypatch):
-    gpu_check = load()
-
     def broken(ctx, system):
         if system == "alibi":
             raise ValueError("something broke")
@@ -208,10 +207,10 @@ def test_an_exception_is_that_checks_failure_and_the_budget_leaves_checks_not_ru
     def slow(ctx, system):
         time.sleep(30)
 
-    checks = [gpu_check.Check("broken", "raises for alibi", broken, lambda ctx: ctx.systems(),
-                              {"cuda": 0, "cpu": 0}),
-              gpu_check.Check("slow", "outlasts the budget", slow, lambda ctx: ctx.systems(), {"cuda": 0, "cpu": 0.5})]
-    monkeypatch.setattr(gpu_check, "CHECKS", checks)
+    checks = [registry.Check("broken", "raises for alibi", broken, lambda ctx: ctx.systems(),
+                             {"cuda": 0, "cpu": 0}),
+              registry.Check("slow", "outlasts the budget", slow, lambda ctx: ctx.systems(), {"cuda": 0, "cpu": 0.5})]
+    monkeypatch.setattr(registry, "CHECKS", checks)
     started = time.monotonic()
     status = gpu_check.main(["--device", "cpu", "--out", str(tmp_path), "--systems", "alibi", "rope", "--budget",
                              "2", "--checks", "broken", "slow"])
@@ -229,14 +228,13 @@ def test_an_exception_is_that_checks_failure_and_the_budget_leaves_checks_not_ru
 
 
 def test_the_allowed_kernels():
-    gpu_check = load()
-    assert gpu_check.allowed_backends("causal", cuda=True) == {"FLASH_ATTENTION", "CUDNN_ATTENTION"}
-    assert gpu_check.allowed_backends("mask 1HTS ∇", cuda=True) == {"EFFICIENT_ATTENTION"}
-    assert gpu_check.allowed_backends("mask B11S", cuda=True) == {"EFFICIENT_ATTENTION", "CUDNN_ATTENTION"}
-    assert gpu_check.allowed_backends("mask BHTS", cuda=False) == {"FLASH_ATTENTION"}
+    assert kernels.allowed_backends("causal", cuda=True) == {"FLASH_ATTENTION", "CUDNN_ATTENTION"}
+    assert kernels.allowed_backends("mask 1HTS ∇", cuda=True) == {"EFFICIENT_ATTENTION"}
+    assert kernels.allowed_backends("mask B11S", cuda=True) == {"EFFICIENT_ATTENTION", "CUDNN_ATTENTION"}
+    assert kernels.allowed_backends("mask BHTS", cuda=False) == {"FLASH_ATTENTION"}
     # every system of the run has a row in docs/speed.md's tables, which the kernel check asserts
     for cuda in (False, True):
-        assert sorted(gpu_check.expected_arguments(cuda)) == sorted(gpu_check.SYSTEMS)
+        assert sorted(kernels.expected_arguments(cuda)) == sorted(context.SYSTEMS)
 
 
 def test_a_softmax_that_gives_nan_for_a_masked_row_fails_the_masked_rows_check(tmp_path, monkeypatch):
@@ -246,7 +244,6 @@ def test_a_softmax_that_gives_nan_for_a_masked_row_fails_the_masked_rows_check(t
 
     import fairseq_pe.models.attention as attention
 
-    gpu_check = load()
     monkeypatch.setattr(attention, "safe_softmax", lambda logits: torch.softmax(logits.float(), dim=-1))
     argv = ["--device", "cpu", "--systems", "t5", "--checks", "masked-rows", "--out", str(tmp_path)]
     assert gpu_check.main(argv) == 1
@@ -279,7 +276,6 @@ def test_the_session_without_fairseq_names_the_wheelhouse_to_build(tmp_path):
 def test_a_failed_ddp_run_names_the_ranks_exception_not_torchruns_summary():
     """torchrun prints its own summary (``ChildFailedError``, ``error_file: <N/A>``) after the ranks' tracebacks: the
     check's failure names the first exception a rank raised (one CPU rehearsal said only ``error_file: <N/A>``)."""
-    gpu_check = load()
     text = "\n".join([
         "2026-11-28 15:57:00 | INFO | fairseq.distributed.utils | distributed init (rank 0): env://",
         "[rank1]: Traceback (most recent call last):",
@@ -293,8 +289,8 @@ def test_a_failed_ddp_run_names_the_ranks_exception_not_torchruns_summary():
         "  error_file: <N/A>",
         "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
     ])
-    line = gpu_check.last_error_line(text)
+    line = ddp_check.last_error_line(text)
     assert line.startswith("[rank1]: torch.distributed.DistNetworkError: The server socket") and "EADDRINUSE" in line
-    assert gpu_check.last_error_line("ValueError: --pe-x 3: bad\nmore") == "ValueError: --pe-x 3: bad"
-    assert gpu_check.last_error_line("a runtime error happened\nerror_file: <N/A>") == "a runtime error happened"
-    assert gpu_check.last_error_line("killed") == "killed"
+    assert ddp_check.last_error_line("ValueError: --pe-x 3: bad\nmore") == "ValueError: --pe-x 3: bad"
+    assert ddp_check.last_error_line("a runtime error happened\nerror_file: <N/A>") == "a runtime error happened"
+    assert ddp_check.last_error_line("killed") == "killed"

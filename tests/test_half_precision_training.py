@@ -60,7 +60,7 @@ A comparison of training losses cannot see a wrong position: removing ALiBi enti
   never lowered), every loss and parameter be finite.  Its losses are not compared with float32's: at the noise of
   half precision such a comparison cannot tell a missing encoding from a present one.
 
-The CPU stands in for the GPU (``scripts/gpu_check.py`` runs the same probe on CUDA): torch's CPU fp16 and bf16
+The CPU stands in for the GPU (``fairseq-pe-gpu-check`` runs the same probe on CUDA): torch's CPU fp16 and bf16
 matrix products accumulate in float32, so the noise there is that of the stored values.
 """
 

@@ -1,4 +1,5 @@
-"""Host syncs and operators per step, for every encoding (``scripts/count_ops.py``, counted on the CPU).
+"""Host syncs and operators per step, for every encoding, counted on the CPU (``fairseq-pe-count-ops``:
+``fairseq_pe/benchmark/count_ops.py``).
 
 On a GPU a training step waits for the device at each host sync (``.item()``, ``bool()`` of a tensor, a size that
 depends on the data, a copy to the host), and step-by-step decoding is bound by the number of operators it launches.
@@ -10,34 +11,49 @@ sees on the CPU what syncs on a GPU only, and takes the package's CUDA-only bran
 """
 
 import ast
+import json
 import os
 
 import pytest
 import torch
 
-from helpers import REPO, build_model, load_script, random_tokens
+from fairseq_pe.benchmark import count_ops
+
+from helpers import REPO, build_model, cli, random_tokens
 from passes import recorded_passes
 
 
 def test_no_encoding_syncs_more_than_stock_or_decodes_with_more_operators_than_its_ratio_to_the_apes():
-    script = load_script("count_ops")
-    counts = script.count(list(script.SYSTEMS))
-    stock, reference = counts[script.STOCK], counts[script.REFERENCE]
+    counts = count_ops.count(list(count_ops.SYSTEMS))
+    stock, reference = counts[count_ops.STOCK], counts[count_ops.REFERENCE]
     # the counts are real: stock fairseq's own syncs are there to be matched (its padding checks, the gradient norm)
     assert stock["train"].syncs > 0 and stock["decode"].syncs > 0 and reference["decode"].total > 100
     failures = []
     for name, c in counts.items():
-        if name == script.STOCK:
+        if name == count_ops.STOCK:
             continue
-        for kind, what in script.KINDS.items():
+        for kind, what in count_ops.KINDS.items():
             if c[kind].syncs > stock[kind].syncs:
                 failures.append(f"{name}: {c[kind].syncs} syncs per {what}, stock {stock[kind].syncs}: "
                                 f"{c[kind].sync_ops()} against {stock[kind].sync_ops()}")
         ratio = c["decode"].total / reference["decode"].total
-        if ratio > script.ops_ratio(name):
+        if ratio > count_ops.ops_ratio(name):
             failures.append(f"{name}: {c['decode'].total} operators per decoding step, {ratio:.2f}× "
-                            f"{script.REFERENCE}'s {reference['decode'].total}")
-    assert not failures, "\n".join(failures) + "\n" + script.table(counts)
+                            f"{count_ops.REFERENCE}'s {reference['decode'].total}")
+    assert not failures, "\n".join(failures) + "\n" + count_ops.table(counts)
+
+
+def test_the_console_script_counts_and_writes_the_operators(tmp_path):
+    """fairseq-pe-count-ops (tests/fresh_subset.py runs it as a new interpreter, through its installed wrapper): the
+    table, stock first, and the JSON of every operator."""
+    proc = cli("fairseq-pe-count-ops", "--systems", "alibi", "--json", tmp_path / "counts.json")
+    rows = [line.split("|")[1].strip() for line in proc.stdout.splitlines() if line.startswith("| ")]
+    assert rows == ["system", "stock", "alibi"]
+    counts = json.loads((tmp_path / "counts.json").read_text())
+    assert list(counts) == ["stock", "alibi"] and list(counts["alibi"]) == list(count_ops.KINDS)
+    decode = counts["alibi"]["decode"]
+    assert decode["total"] == sum(decode["ops"].values()) > 100
+    assert decode["syncs"] <= counts["stock"]["decode"]["syncs"]
 
 
 def test_the_counter_sees_a_sync():
@@ -149,7 +165,7 @@ def test_the_injected_capabilities_answer_every_predicate():
     assert set(PREDICATES) == {n for n in vars(DeviceCapabilities) if not n.startswith("_")}
     cpu = torch.device("cpu")
     assert all(getattr(AsOnCuda(), name)(cpu) for name in PREDICATES)
-    assert [getattr(AsOnCuda(only=["aligned_rows"]), name)(cpu) for name in PREDICATES] == [True, False, False, False]
+    assert [getattr(AsOnCuda(only=["aligned_rows"]), name)(cpu) for name in PREDICATES] == [True] + [False] * (len(PREDICATES) - 1)
     with pytest.raises(ValueError, match="not a device predicate"):
         AsOnCuda(only=["flash"])
 
@@ -198,8 +214,9 @@ def device_branches(path):
 def test_every_branch_on_the_device_type_is_counted_as_on_cuda():
     """The count takes CUDA's branches through the attention's capabilities (``fairseq_pe/models/capabilities.py``):
     every other test of the device type in the package is outside the training and decoding steps
-    (``DEVICE_BRANCHES_OUTSIDE_STEPS``), or in the instruments (``fairseq_pe/diagnostics/``, which no step calls).  A
-    new one must be made one of these capabilities (or listed, with the reason)."""
+    (``DEVICE_BRANCHES_OUTSIDE_STEPS``), or in the instruments (``fairseq_pe/diagnostics/``) and the measurements
+    (``fairseq_pe/benchmark/``), which no step calls.  A new one must be made one of these capabilities (or listed,
+    with the reason)."""
     from fairseq_pe.models.capabilities import PREDICATES
 
     counted = {f"fairseq_pe/models/capabilities.py:DeviceCapabilities.{name}" for name in PREDICATES}
@@ -209,7 +226,7 @@ def test_every_branch_on_the_device_type_is_counted_as_on_cuda():
         for name in sorted(files):
             path = os.path.join(root, name)
             relative = os.path.relpath(path, REPO)
-            if not name.endswith(".py") or relative.startswith("fairseq_pe/diagnostics/"):
+            if not name.endswith(".py") or relative.startswith(("fairseq_pe/diagnostics/", "fairseq_pe/benchmark/")):
                 continue
             for function, line in device_branches(path):
                 site = f"{relative}:{function}"

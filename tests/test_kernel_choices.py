@@ -1,7 +1,7 @@
 """What every attention hands to torch's ``scaled_dot_product_attention`` (its arguments decide the CUDA kernel).
 
 * the table of ``docs/speed.md`` is what the code does, for every encoding, padded and unpadded, training and
-  evaluation, with the CPU's choices and with CUDA's (``scripts/sdpa_arguments.py``);
+  evaluation, with the CPU's choices and with CUDA's (``fairseq-pe-sdpa-arguments``);
 * decoder self-attention passes ``is_causal=True`` and no mask where its only mask is the causal one, and an
   unpadded source gives the cross-attention no padding mask: both compute what the float masks computed;
 * with CUDA's choices (simulated on the CPU), T5, KERPLE and FIRE train through SDPA with a mask that carries the
@@ -16,34 +16,42 @@ import torch
 
 import fairseq_pe.models.attention as attention_module
 from fairseq_pe import systems as catalogue
+from fairseq_pe.benchmark import sdpa_arguments
 from fairseq_pe.diagnostics.attention_calls import recording
 from fairseq_pe.diagnostics.capabilities import as_on_cuda
 
-from helpers import REPO, build_model, load_script, random_tokens
+from helpers import REPO, build_model, cli, random_tokens
 
 @pytest.mark.parametrize("cuda", [False, True], ids=["cpu", "cuda-choices"])
 def test_the_table_of_speed_md_is_what_each_attention_hands_to_sdpa(cuda):
-    script = load_script("sdpa_arguments")
     with open(os.path.join(REPO, "docs", "speed.md"), encoding="utf-8") as f:
-        documented = script.parse_table(f.read(), cuda)
-    measured = script.measure(list(script.SYSTEMS), cuda)
+        documented = sdpa_arguments.parse_table(f.read(), cuda)
+    measured = sdpa_arguments.measure(list(sdpa_arguments.SYSTEMS), cuda)
     assert sorted(documented) == sorted(measured), "docs/speed.md's table lists other systems"
     for system, settings in measured.items():
-        cells = [script.cell(settings[s]) for s in script.SETTINGS]
+        cells = [sdpa_arguments.cell(settings[s]) for s in sdpa_arguments.SETTINGS]
         assert documented[system] == cells, (f"{system}: docs/speed.md says {documented[system]}, the code hands SDPA "
-                                            f"{cells}; regenerate with python scripts/sdpa_arguments.py"
+                                            f"{cells}; regenerate with fairseq-pe-sdpa-arguments"
                                             f"{' --cuda-choices' if cuda else ''}")
 
 
 def test_the_table_shows_the_kernels_arguments():
     """The codes themselves (not only their agreement with the page): FlashAttention's arguments where nothing is
     masked but the future, a shared (1, H, T, S) bias where the batch is unpadded."""
-    script = load_script("sdpa_arguments")
-    measured = script.measure(["ape-sinusoidal", "alibi", "t5"])
+    measured = sdpa_arguments.measure(["ape-sinusoidal", "alibi", "t5"])
     assert measured["ape-sinusoidal"][("unpadded", "train")] == {"encoder-self": "none", "decoder-self": "causal",
                                                                  "cross": "none + fairseq"}
     assert measured["alibi"][("unpadded", "eval")]["decoder-self"] == "mask 1HTS"
     assert measured["t5"][("unpadded", "train")]["encoder-self"] == "blockwise"  # CPU: the mask's gradient
+
+
+def test_the_console_script_prints_the_rows_of_speed_md():
+    """fairseq-pe-sdpa-arguments (tests/fresh_subset.py runs it as a new interpreter, through its installed wrapper):
+    the table's header and each system's row as docs/speed.md has them."""
+    with open(os.path.join(REPO, "docs", "speed.md"), encoding="utf-8") as f:
+        documented = sdpa_arguments.parse_table(f.read())
+    proc = cli("fairseq-pe-sdpa-arguments", "--systems", "ape-sinusoidal", "t5")
+    assert sdpa_arguments.parse_table(proc.stdout) == {name: documented[name] for name in ("ape-sinusoidal", "t5")}
 
 
 def cuda_choices(model):

@@ -5,7 +5,7 @@ outside and records what each call did: the attention's role (encoder self-atten
 cross-attention), the backend its planner chose, and on the SDPA backends what it handed to
 ``torch.nn.functional.scaled_dot_product_attention`` (the mask's shape, dtype and layout, ``is_causal``, dropout)
 with the kernel torch chooses for those arguments on their device (``torch._fused_sdp_choice``, the choice
-``scaled_dot_product_attention`` makes itself: flash, memory-efficient, cuDNN or math).  ``scripts/gpu_check.py``
+``scaled_dot_product_attention`` makes itself: flash, memory-efficient, cuDNN or math).  ``fairseq-pe-gpu-check``
 reports it, and the table of ``docs/speed.md`` is checked against it.
 
 How it sees, with nothing on the model's hot path:

@@ -3,7 +3,7 @@
 On a GPU a step is bound by kernel launches and by the points where the host waits for the device.  The CPU runs the
 same operators, so they are counted here, on any device: :func:`counting` records every operator that reaches
 torch's kernels (a ``TorchDispatchMode``: below autograd, so the backward pass's operators count too, each once),
-and which of those calls make the host wait.  ``scripts/count_ops.py`` reports them per encoding against stock
+and which of those calls make the host wait.  ``fairseq-pe-count-ops`` reports them per encoding against stock
 fairseq; ``tests/test_host_syncs.py`` holds the targets.
 
 What counts as a sync, and how a count on the CPU sees what only a GPU would do:
@@ -34,7 +34,7 @@ subclass does, and then ``backward`` aborts the process on a CPU-only build); th
 fairseq training step (its loss, its gradient norm) cannot run on it.  The package therefore takes every decision on
 the device type through an attention's capabilities (:mod:`fairseq_pe.models.capabilities`), and :func:`counting`
 injects capabilities that answer as on CUDA into the models it is given, for its block
-(:func:`fairseq_pe.diagnostics.capabilities.as_on_cuda`), as ``scripts/sdpa_arguments.py`` and
+(:func:`fairseq_pe.diagnostics.capabilities.as_on_cuda`), as ``fairseq-pe-sdpa-arguments`` and
 ``tests/test_kernel_choices.py`` simulate CUDA's kernel choices: the counted steps take CUDA's branches (masks laid
 out for the memory-efficient kernel, a bias with a gradient on the fused path).  ``tests/test_host_syncs.py`` checks
 that every branch on the device type in ``fairseq_pe/`` is one of those capabilities or outside the training and

@@ -45,7 +45,7 @@ sentence's own fixed draw; the decoder's positions are 0 .. n−1 there: the tra
 accumulate in float32, as a GPU's tensor cores do; the tolerances were measured on the CPU (none has run on a GPU
 yet).
 
-Example (``scripts/gpu_check.py``)::
+Example (``fairseq-pe-gpu-check``'s ``positions`` check)::
 
     from fairseq_pe.diagnostics.precision import compare_precisions, DEFAULT_TOLERANCES
     reports = compare_precisions(model, sample, ["fp16", "bf16"], device="cuda")
