@@ -174,6 +174,40 @@ def test_cope_starts_at_zero_and_its_table_follows_the_longest_sequence():
 
 # DAPE (Zheng et al. 2024)
 
+def test_dape_v2_builds_its_masks_once_per_step_not_per_layer():
+    """v2's masks of the keys and hidden units its convolutions zero depend on the positions and the step's masks
+    only: a decoding step builds them once, whatever the layers (the same operators per step with 2 layers and with
+    4, but for each layer's own).  Catches the masks built in every layer."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts = {}
+    for layers in (2, 4):
+        model, d = build_model("--pe-absolute", "none", "--pe-relative", "alibi", "--pe-dape", "v2",
+                               "--decoder-layers", str(layers))
+        src = random_tokens(d, 2, 6)
+        prev = random_tokens(d, 2, 5, seed=1)
+        ops = Counter()
+
+        class Count(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                ops[func.overloadpacket.__name__] += 1
+                return func(*args, **(kwargs or {}))
+
+        with torch.no_grad():
+            encoder_out = model.encoder(src, src_lengths=torch.tensor([6, 6]))
+            state = {}
+            for t in range(4):
+                model.decoder(prev[:, :t + 1], encoder_out=encoder_out, incremental_state=state)
+            with Count():
+                model.decoder(prev, encoder_out=encoder_out, incremental_state=state)
+        counts[layers] = ops
+    for name in ("arange", "gt", "lt", "ne"):
+        assert counts[4][name] == counts[2][name], (name, counts[2][name], counts[4][name])
+    assert counts[4]["convolution"] == 2 * counts[2]["convolution"] == 8  # the layers did run
+
+
 def direct_dape(logits, bias, dape, block, causal, padding):
     """logits + B + f([logits; B]) written out (float64): v1 the MLP per (b, i, j); v2 per query row, the two 1×k
     convolutions tap by tap over the row's keys, hidden keys (future, padding) 0 in X, the hidden layer 0 at padding

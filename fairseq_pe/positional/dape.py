@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from fairseq_pe.errors import UserError
 
 from .base import Float32State, RelativePositionEncoding, compute_dtype, option, query_key_products
+from .pass_state import HiddenKeysKey, as_rows
 
 WIDTH = 32
 KERNEL = 3
@@ -118,8 +119,30 @@ class DapeModifier(Float32State, RelativePositionEncoding):
         if self.version == "v1":
             network = self._pointwise(logits, bias, index)
         else:
-            network = self._convolved(logits, bias, index, query_offset, masking)
+            hidden = as_rows(rows).shared(HiddenKeysKey(logits.size(0), count, src_len, query_offset,
+                                                        None if masking is None else tuple(masking.shape)),
+                                          lambda: self._hidden_keys(count, src_len, query_offset, masking, logits))
+            network = self._convolved(logits, bias, index, hidden)
         return network.add_(logits).add_(bias)
+
+    def _hidden_keys(self, count, src_len, query_offset, masking, logits):
+        """v2's masks, which depend on the positions and the step's masks only (once per pass or step, not per
+        layer): the keys zeroed before the first convolution (future and padding; None: none) and the hidden
+        units zeroed after it (padding keys and the k//2 extra keys; None: none)."""
+        keys = torch.arange(src_len, device=logits.device)
+        rows = torch.arange(query_offset, query_offset + count, device=logits.device).unsqueeze(1)  # (T', 1)
+        hidden_keys = None if masking is None else masking != 0  # (B|1, 1, T', S): future and padding
+        if self.causal:  # the future is hidden whatever the caller's masks, as the reference's tril
+            future = keys > rows
+            hidden_keys = future if hidden_keys is None else hidden_keys | future
+        hidden_units = None
+        if masking is not None:  # padding keys: 0, as the zero padding at the ends of an unpadded row
+            padding = masking != 0  # the encoder's hidden keys: padding, before or after the query
+            if self.causal:  # the decoder's keys after the query are its future, continued as if zero keys followed
+                padding = padding & (keys < rows)
+            after = padding.new_zeros(padding.shape[:-1] + (self.kernel // 2 if self.causal else 0,))  # k//2 extra
+            hidden_units = torch.cat([padding, after], dim=-1)
+        return hidden_keys, hidden_units
 
     def _pointwise(self, logits, bias, index):
         """v1: f over the channels of each (i, j); the bias's share of the first layer computed once for the batch
@@ -135,26 +158,18 @@ class DapeModifier(Float32State, RelativePositionEncoding):
         hidden = hidden + F.linear(bias.movedim(-3, -1), w1[:, heads:], self.b1[index])  # (.., T', S, width)
         return F.linear(self.activation(hidden), self.w2[index], self.b2[index]).movedim(-1, 1)
 
-    def _convolved(self, logits, bias, index, query_offset, masking):
-        """v2: two 1×k convolutions along the keys of each row, hidden keys zeroed (module docstring)."""
+    def _convolved(self, logits, bias, index, hidden):
+        """v2: two 1×k convolutions along the keys of each row, hidden keys zeroed (module docstring); ``hidden``:
+        :meth:`_hidden_keys`."""
         bsz, heads, count, src_len = logits.shape
+        hidden_keys, hidden_units = hidden
         features = torch.cat([logits, bias.expand(bsz, heads, count, src_len)], dim=1)  # (B, 2H, T', S)
         pad = self.kernel // 2
-        keys = torch.arange(src_len, device=logits.device)
-        rows = torch.arange(query_offset, query_offset + count, device=logits.device).unsqueeze(1)  # (T', 1)
-        hidden_keys = None if masking is None else masking != 0  # (B|1, 1, T', S): future and padding
-        if self.causal:  # the future is hidden whatever the caller's masks, as the reference's tril
-            future = keys > rows
-            hidden_keys = future if hidden_keys is None else hidden_keys | future
         if hidden_keys is not None:
             features = features.masked_fill(hidden_keys, 0.0)
         if self.causal:  # as if k//2 keys followed every row (module docstring)
             features = F.pad(features, (0, pad))
         hidden = self.activation(F.conv2d(features, self.w1[index], self.b1[index], padding=(0, pad)))
-        if masking is not None:  # padding keys: 0, as the zero padding at the ends of an unpadded row
-            padding = masking != 0  # the encoder's hidden keys: padding, before or after the query
-            if self.causal:  # the decoder's keys after the query are its future, continued as if zero keys followed
-                padding = padding & (keys < rows)
-            after = padding.new_zeros(padding.shape[:-1] + (hidden.size(-1) - src_len,))  # the k//2 extra keys
-            hidden = hidden.masked_fill(torch.cat([padding, after], dim=-1), 0.0)
+        if hidden_units is not None:
+            hidden = hidden.masked_fill(hidden_units, 0.0)
         return F.conv2d(hidden, self.w2[index], self.b2[index], padding=(0, pad))[..., :src_len]

@@ -153,6 +153,16 @@ class FoldedKey(NamedTuple):
     table: int
 
 
+class HiddenKeysKey(NamedTuple):
+    """DAPE v2's masks of the keys and hidden units its convolutions zero, from the positions and the step's masks
+    (the same mask for every layer of a pass: none of these encodings adds a bias of its own to it)."""
+    batch: int
+    tgt_len: int
+    src_len: int
+    query_offset: int
+    masking: Optional[tuple]
+
+
 class VectorsKey(NamedTuple):
     """The sinusoidal Shaw vectors of one table."""
     linear = True  # O(T + S): kept for blocks too (PassMemo.linear)
