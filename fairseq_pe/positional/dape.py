@@ -150,8 +150,11 @@ class DapeModifier(Float32State, RelativePositionEncoding):
         heads = self.num_heads
         bsz, _, count, src_len = logits.shape
         if count == 1:
-            features = torch.cat([logits, bias.reshape(-1, heads, count, src_len).expand(bsz, -1, -1, -1)], dim=1)
-            hidden = F.linear(features.movedim(1, -1), self.w1[index], self.b1[index])  # (B, 1, S, width)
+            # channels last as the concatenation writes them: the product reads them in place, no copy per layer
+            features = torch.cat([logits.movedim(1, -1),
+                                  bias.reshape(-1, heads, count, src_len).expand(bsz, -1, -1, -1).movedim(1, -1)],
+                                 dim=-1)
+            hidden = F.linear(features, self.w1[index], self.b1[index])  # (B, 1, S, width)
             return F.linear(self.activation(hidden), self.w2[index], self.b2[index]).movedim(-1, 1)
         w1 = self.w1[index]
         hidden = F.linear(logits.movedim(1, -1), w1[:, :heads])  # (B, T', S, width)
