@@ -50,6 +50,7 @@ setup(
             "fairseq-pe-average-checkpoints = fairseq_pe.average_checkpoints:main",
             "fairseq-pe-prepare-wikitext = fairseq_pe.data_prep.wikitext:main",
             "fairseq-pe-lm-lengths = fairseq_pe.lm.extrapolation:main",
+            "fairseq-pe-lm-curves = fairseq_pe.lm.curves:main",
             "fairseq-pe-counting = fairseq_pe.lm.counting:main",
             "fairseq-pe-benchmark = fairseq_pe.benchmark.cli:main",
             "fairseq-pe-gpu-check = fairseq_pe.benchmark.gpu_check.cli:main",

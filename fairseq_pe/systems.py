@@ -249,6 +249,11 @@ GROUPS["s2l-cpu-captions-2024"] = ("rope", "alibi", "kerple-log") + ROTARY_2024 
 # scripts/recipes/lm-cpu-counting.sh, CoPE's counting task: the paper's three (a learned absolute table, the
 # reference's learned relative one, CoPE) beside no positions, RoPE, ALiBi and FoX
 GROUPS["lm-cpu-counting"] = ("ape-learned", "rpe-learned", "cope", "none", "rope", "alibi", "fox")
+# scripts/recipes/lm-cpu-extrapolation.sh SCALE=context (issue 58): the encodings of ALiBi's Figure 1 and KERPLE's
+# Table 3 beside no positions, FIRE in its paper's form and in DAPE's, and FLOATER's best extrapolating form (its
+# Q/K/V biases: docs/results.md's first language-model run)
+GROUPS["lm-context"] = ("none", "ape-sinusoidal", "rope", "alibi", "t5", "kerple-log", "fire", "fire-dape",
+                        "floater-bias")
 # every system fairseq-pe-quickstart knows by name before the catalogue (count_ops, gpu_check start from it)
 GROUPS["translation"] = GROUPS["quickstart"] + ("ape-sin+rpe-learned",) + GROUPS["extrapolation"]
 # fairseq-pe-benchmark: the translation systems, FLOATER at the input beside every block, fairseq's

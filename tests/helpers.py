@@ -389,3 +389,15 @@ ALL_ENCODINGS = {name: flags + TEST_SIZES.get(name, []) for name, flags in catal
 #: control): the catalogue's group "randomised"
 RANDOMISABLE = list(catalogue.GROUPS["randomised"])
 assert all(catalogue.get(name).randomisable for name in RANDOMISABLE)
+
+
+def counting_lm_data(root) -> str:
+    """Lines of counting sequences over 30 words (60 train, 10 valid, 10 test; the test split 65 tokens), binarised
+    for --task language_modeling under ``root/bin``."""
+    words = [f"w{i}" for i in range(30)]
+    for split, n in (("train", 60), ("valid", 10), ("test", 10)):
+        lines = [" ".join(words[(7 * i + k) % 30] for k in range(3 + (5 * i) % 10)) for i in range(n)]
+        (root / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    cli("fairseq-preprocess", "--only-source", "--trainpref", root / "train.txt", "--validpref", root / "valid.txt",
+        "--testpref", root / "test.txt", "--destdir", root / "bin", "--workers", "1")
+    return root / "bin"

@@ -8,13 +8,15 @@ import statistics
 import subprocess
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from fairseq.data import data_utils
 
 from fairseq_pe.errors import UserError
 from fairseq_pe.lm import extrapolation as ex
+from fairseq_pe.lm import lengths_plot, positions
 
-from helpers import PLUGIN, cli, exit_status, forked
+from helpers import PLUGIN, cli, exit_status, forked, counting_lm_data
 
 L = 16  # the training length of the tiny models
 
@@ -113,7 +115,7 @@ def test_the_plot_keeps_a_long_legend_off_the_curves(tmp_path):
         report = {"train_length": 16, "lengths": [16, 32], "modes": ["nonoverlapping"], "stride": 16,
                   "gen_subset": "test", "checkpoints": {n: ["a"] for n in names},
                   "results": {n: {"nonoverlapping": {"16": cell, "32": cell}} for n in names}}
-        ex.plot(report, str(tmp_path / f"{count}.png"))
+        lengths_plot.plot_lengths(report, str(tmp_path / f"{count}.png"))
         widths[count] = Image.open(tmp_path / f"{count}.png").size[0]
     assert widths[26] > widths[1] * 1.4, widths
 
@@ -122,13 +124,7 @@ def test_the_plot_keeps_a_long_legend_off_the_curves(tmp_path):
 def lm_data(tmp_path_factory):
     """80 lines of counting sequences over 30 words, binarised for --task language_modeling."""
     root = tmp_path_factory.mktemp("lm")
-    words = [f"w{i}" for i in range(30)]
-    for split, n in (("train", 60), ("valid", 10), ("test", 10)):
-        lines = [" ".join(words[(7 * i + k) % 30] for k in range(3 + (5 * i) % 10)) for i in range(n)]
-        (root / f"{split}.txt").write_text("\n".join(lines) + "\n")
-    cli("fairseq-preprocess", "--only-source", "--trainpref", root / "train.txt", "--validpref", root / "valid.txt",
-        "--testpref", root / "test.txt", "--destdir", root / "bin", "--workers", "1")
-    return root / "bin"
+    return counting_lm_data(root)
 
 
 def train_lm(data, save_dir, *flags, user_dir=True):
@@ -258,7 +254,11 @@ def test_jobs_evaluate_checkpoints_in_parallel_with_the_same_results(tmp_path, m
             raise UserError(f"{where}: broken")
         if "learned" in path and T > L:
             return {"refused": "--tokens-per-sample past the table", "seconds": 0.0}
-        return {"perplexity": 10.0 + T / 100 + C / 1000 + len(path), "loss_base2": 3.0, "tokens": 82, "seconds": 0.1}
+        counts = np.zeros(T, dtype=np.int64)
+        for start, size in positions.blocks(82, T, C):
+            counts[start:start + size] += 1
+        return {"perplexity": 10.0 + T / 100 + C / 1000 + len(path), "loss_base2": 3.0, "tokens": 82, "seconds": 0.1,
+                "curve": (3.0 * counts, counts)}
 
     monkeypatch.setattr(ex, "run_point", fake_point)
     monkeypatch.setattr(ex, "split_tokens", lambda data, subset: 82)

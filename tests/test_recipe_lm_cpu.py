@@ -79,3 +79,66 @@ def test_lm_cpu_recipe_quick_subset_and_bad_systems(tmp_path):
     assert fope.returncode == 0, fope.stderr
     train = next(shlex.split(line[2:]) for line in fope.stdout.splitlines() if line.startswith("+ fairseq-train"))
     assert train[train.index("--pe-fope-train-length") + 1] == "48" and train.count("--pe-fope-train-length") == 1
+
+
+def _text_folder(root, documents=12, lines=60, seed=0):
+    """Documents of made-up sentences over 60 words, enough for a 120-piece sentencepiece model."""
+    import random
+
+    rng = random.Random(seed)
+    words = [rng.choice("bcdfghklmnprstvz") + rng.choice("aeiou") + rng.choice("lnrst") + rng.choice(["", "a", "e"])
+             for _ in range(60)]
+    root.mkdir()
+    for d in range(documents):
+        text = "\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(5, 14))).capitalize() + "."
+                         for _ in range(lines))
+        (root / f"doc{d:02d}.txt").write_text(text + "\n")
+    return root
+
+
+def test_an_interrupted_training_resumes_from_its_last_checkpoint_to_the_same_model(tmp_path):
+    """Killed after its first interval checkpoint, a rerun resumes that run (fairseq's restore: its data position,
+    Adam's state and the seed of each update) and ends with the parameters of a run never interrupted, its log
+    appended; a run whose command changed (MAX_UPDATE) starts again.  Catches: the directory removed before a rerun
+    (the log would have one start), the log overwritten, or the command check skipped (the changed run resumed)."""
+    import signal
+    import time
+
+    import torch
+
+    data = _text_folder(tmp_path / "text")
+    env = dict(os.environ, PYTHON=sys.executable, DATA=str(data), VOCAB="120", VALID_PERCENT="10",
+               TEST_PERCENT="10", L="16", MAX_UPDATE="24", MAX_TOKENS="128", WARMUP="2", SYSTEMS="alibi", SEEDS="1",
+               MULTIPLIERS="1", JOBS="1", SAVE_EVERY="4", PATH=os.pathsep.join([os.path.dirname(sys.executable),
+                                                                                  os.environ["PATH"]]))
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    subprocess.run(["bash", RECIPE, str(whole)], env=env, check=True, capture_output=True)
+    shutil.copytree(whole / "data", cut / "data")  # the same data: the recipe reuses a prepared folder
+    run_log = cut / "runs" / "alibi-s1" / "train.log"
+    proc = subprocess.Popen(["bash", RECIPE, str(cut)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if run_log.exists() and "Saved checkpoint" in run_log.read_text():
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (run_log.parent / "train.done").exists(), "the run ended before it was interrupted"
+    again = subprocess.run(["bash", RECIPE, str(cut)], env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "alibi seed 1: resuming from" in again.stderr
+    log = run_log.read_text()
+    assert log.count("fairseq_cli.train | task: ") == 2 and "Loaded checkpoint" in log  # two starts, one log
+    assert "num_updates 24" in log
+    theirs = torch.load(whole / "runs" / "alibi-s1" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    mine = torch.load(run_log.parent / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert mine["model"].keys() == theirs["model"].keys()
+    for key in theirs["model"]:
+        torch.testing.assert_close(mine["model"][key], theirs["model"][key], rtol=0, atol=0, msg=key)
+    # a changed command does not resume an interrupted run: it starts again
+    (run_log.parent / "train.done").unlink()
+    changed = subprocess.run(["bash", RECIPE, str(cut)], env=dict(env, MAX_UPDATE="8"), capture_output=True,
+                             text=True)
+    assert changed.returncode == 0, changed.stderr[-3000:]
+    assert "resuming" not in changed.stderr and run_log.read_text().count("fairseq_cli.train | task: ") == 1

@@ -7,11 +7,13 @@ length-extrapolation benchmark of ALiBi (Press et al., ICLR 2022, Figure 1 and T
                      rope=ckpt/rope-1/checkpoint_best.pt --out results/lengths
 
 Each point is one ``fairseq-eval-lm DATA --path CKPT --user-dir fairseq_pe --gen-subset SUBSET
---sample-break-mode none --tokens-per-sample T --context-window C --max-tokens M`` (a subprocess), at
-every evaluation length N = L x ``--multipliers`` (default 1 2 4 8 16) and in every ``--modes``:
+--sample-break-mode none --tokens-per-sample T --context-window C --max-tokens M --output-word-probs`` (a
+subprocess), at every evaluation length N = L x ``--multipliers`` (default 1 2 4 8 16) and in every ``--modes``:
 
-* ``nonoverlapping``: the split cut into blocks of N tokens, each scored whole (the first token of a block
-  sees no context): ``T = N, C = 0`` (ALiBi's "nonoverlapping" evaluation);
+* ``nonoverlapping``: the split cut into blocks of N tokens, each scored whole: ``T = N, C = 0`` (ALiBi's
+  "nonoverlapping" evaluation).  fairseq's input is the targets shifted right by one, so the token at position p
+  of a window is predicted from the p tokens before it: a block's first token from the last token of the block
+  before (the split's first token from the end-of-sentence symbol);
 * ``sliding``: windows of N tokens, each scoring its last S = ``--stride`` tokens (default L) with the N - S
   tokens before them as context: ``T = N, C = N - S``.  fairseq's ``eval_lm`` subtracts the context window
   from ``--tokens-per-sample`` (``cfg.task.tokens_per_sample -= context_window``) and
@@ -26,15 +28,38 @@ score; otherwise the run stops with an error naming the point.  A refusal by nam
 learned table: its error names ``--tokens-per-sample``) is recorded as "refused", with its reason, and the
 table goes on.
 
+The loss by token position (:mod:`fairseq_pe.lm.positions`), where extrapolation breaks: fairseq's own score of
+every token (``--output-word-probs``, a natural-log probability, 6 decimals), as a base-2 loss, at its position
+1..N in its window: block b's k-th new token (k from 0) at ``min(C, b * S) + k`` (0-based; S = T - C new tokens
+per block; the first blocks of a sliding evaluation have less context, the last block may be shorter).  Every
+point's positions must count every token of the split once and, weighted by their counts, give fairseq's
+printed loss, else an error naming the point.  Options of ``--eval-lm-args`` that would move or merge the scores
+(``--post-process``, ``--add-bos-token``, ``--num-workers`` above 1 with sliding windows) are refused.
+
 Several checkpoints of one NAME are seeds: each cell is their mean ± sample standard deviation
-(:mod:`fairseq_pe.seeds`), every seed's value in the JSON.  ``--out DIR`` gets ``lengths.md`` (a table per
-mode: rows systems, columns lengths), ``lengths.json``, ``lengths.png`` (perplexity against evaluation length,
-log2 x axis, one line per system in the colours of :mod:`fairseq_pe.plotting`, a panel per mode) and
-``logs/`` (each fairseq-eval-lm run's output, rewritten by the next run), written atomically, the results
-never over an earlier result without ``--force``.  ``--jobs J`` evaluates J checkpoints at a time (each one's
-windows in order, shorter first; the report is the same as one at a time).  ``--max-tokens M``: batches of
-max(1, M // N) windows of N tokens, context included (fairseq's own ``--max-tokens`` counts a sliding window's
-new tokens only).
+(:mod:`fairseq_pe.seeds`), every seed's value in the JSON.  ``--out DIR`` gets, written atomically, never over an
+earlier result without ``--force``:
+
+* ``lengths.md``: per mode, the perplexity (rows systems, columns lengths; every seed's), the perplexity relative
+  to the same checkpoint's at the shortest length (1 x L by default), the mean loss by position bucket (L's
+  quarters, then L+1..2L, 2L+1..4L, ... to N; each system at its longest evaluated length) and the seconds of
+  the mode's fairseq-eval-lm runs;
+* ``lengths.json``: the same, per cell ``perplexity``, ``relative`` (with ``_sd`` and ``_seeds``) and
+  ``position_buckets``; ``seconds`` per mode (``total``, ``runs``, ``by_length``), each run's in ``runs``;
+  ``diverging`` (the systems of the relative plot's own panel);
+* ``positions.json``: per system, mode and length the loss at each position 1..N (``loss_base2``, ``_sd``,
+  ``_seeds``; None where no token sits) and its token ``count``;
+* ``lengths.png`` (:mod:`fairseq_pe.lm.lengths_plot`): per mode, the perplexity against evaluation length (log2
+  x) and the relative perplexity (linear y; a system past 1.5x at some length in a panel of its own, so that it
+  does not flatten the others), one line per system in the colours of :mod:`fairseq_pe.plotting`;
+* ``positions.png``: per mode, the loss against the position in the window at each system's longest evaluated
+  length, in geometric bins, the seeds' spread as a band, L marked;
+* ``logs/``: each fairseq-eval-lm run's output, rewritten by the next run (without its word-probability lines
+  when the split has more than 50,000 tokens).
+
+``--jobs J`` evaluates J checkpoints at a time (each one's windows in order, shorter first; the report is the same
+as one at a time).  ``--max-tokens M``: batches of max(1, M // N) windows of N tokens, context included (fairseq's
+own ``--max-tokens`` counts a sliding window's new tokens only).
 """
 
 import argparse
@@ -48,16 +73,23 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from fairseq_pe.errors import UserError, cli
+from fairseq_pe.lm import lengths_plot
 
 MODES = ("nonoverlapping", "sliding")
 MULTIPLIERS = (1, 2, 4, 8, 16)
-OUTPUTS = ("lengths.md", "lengths.json", "lengths.png")  # logs/ (each run's output) is rewritten
+OUTPUTS = ("lengths.md", "lengths.json", "lengths.png", "positions.json", "positions.png")  # logs/ is rewritten
 #: options every run sets itself: refused in --eval-lm-args
 OWN_OPTIONS = ("--path", "--user-dir", "--gen-subset", "--tokens-per-sample", "--context-window", "--max-tokens",
-               "--sample-break-mode")
+               "--sample-break-mode", "--output-word-probs")
+#: options that would break the loss by position (one score per token, at its place in the window): refused too
+BREAKING_OPTIONS = {"--post-process": "merges sub-words into words", "--remove-bpe": "merges sub-words into words",
+                    "--add-bos-token": "puts a beginning-of-sentence symbol before every window"}
+#: a run (checkpoint, --tokens-per-sample, --context-window); the window of each (mode, N)
+Run = Tuple[str, int, int]
+Windows = Dict[Tuple[str, int], Tuple[int, int]]
 PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _EVALUATED = re.compile(r"Evaluated ([\d,]+) tokens in")
@@ -154,7 +186,7 @@ def eval_lm_command(args: argparse.Namespace, checkpoint: str, tokens_per_sample
             "--gen-subset", args.gen_subset, "--sample-break-mode", "none",
             "--tokens-per-sample", str(tokens_per_sample), "--context-window", str(context),
             "--max-tokens", str(batch_max_tokens(args.max_tokens, tokens_per_sample, context)),
-            *shlex.split(args.eval_lm_args)]
+            "--output-word-probs", *shlex.split(args.eval_lm_args)]
 
 
 def check_point(parsed: dict, expected: int, where: str) -> None:
@@ -169,14 +201,15 @@ def check_point(parsed: dict, expected: int, where: str) -> None:
                         "fewer tokens than the split (see the log)")
 
 
-def run_logged(cmd: List[str], log_path: str) -> Tuple[subprocess.CompletedProcess, float]:
-    """A fairseq tool as a subprocess, its output (stdout and stderr in one stream) written to ``log_path`` after the
-    command: (the process, its seconds)."""
+def run_logged(cmd: List[str], log_path: str,
+               shorten: Optional[Callable[[str], str]] = None) -> Tuple[subprocess.CompletedProcess, float]:
+    """A fairseq tool as a subprocess, its output (stdout and stderr in one stream; through ``shorten`` if given)
+    written to ``log_path`` after the command: (the process, its seconds)."""
     from fairseq_pe.outputs import write_text
 
     start = time.time()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    write_text(log_path, f"$ {shlex.join(cmd)}\n{proc.stdout}")
+    write_text(log_path, f"$ {shlex.join(cmd)}\n{proc.stdout if shorten is None else shorten(proc.stdout)}")
     return proc, time.time() - start
 
 
@@ -192,8 +225,13 @@ def failed(where: str, tool: str, proc: subprocess.CompletedProcess, log_path: s
 
 def run_point(args, checkpoint: str, tokens_per_sample: int, context: int, expected: int, log_path: str,
               where: str) -> dict:
-    """One fairseq-eval-lm run: ``{"perplexity", "loss_base2", "tokens", "seconds"}`` or ``{"refused": reason}``."""
-    proc, seconds = run_logged(eval_lm_command(args, checkpoint, tokens_per_sample, context), log_path)
+    """One fairseq-eval-lm run: ``{"perplexity", "loss_base2", "tokens", "seconds", "curve"}`` (the curve: the loss
+    sums and token counts by window position, :func:`fairseq_pe.lm.positions.position_curve`) or
+    ``{"refused": reason}``."""
+    from fairseq_pe.lm import positions
+
+    shorten = positions.strip_word_probs if expected > positions.LOG_WORD_PROBS_UP_TO else None
+    proc, seconds = run_logged(eval_lm_command(args, checkpoint, tokens_per_sample, context), log_path, shorten)
     reason = refusal(proc.returncode, proc.stdout, past_training_length=tokens_per_sample > args.train_length)
     if reason is not None:
         return {"refused": reason, "seconds": round(seconds, 1)}
@@ -204,8 +242,13 @@ def run_point(args, checkpoint: str, tokens_per_sample: int, context: int, expec
     except ValueError as e:
         raise UserError(f"{where}: fairseq-eval-lm's output could not be read ({e}); see {log_path}") from None
     check_point(parsed, expected, where)
+    try:
+        curve = positions.position_curve(proc.stdout, expected, tokens_per_sample, context)
+        positions.check_curve(*curve, expected, parsed["loss_base2"])
+    except ValueError as e:
+        raise UserError(f"{where}: the loss by position: {e} (see {log_path})") from None
     return {"perplexity": parsed["perplexity"], "loss_base2": parsed["loss_base2"], "tokens": parsed["tokens"],
-            "seconds": round(seconds, 1)}
+            "seconds": round(seconds, 1), "curve": curve}
 
 
 def combine(runs: Sequence[dict]) -> dict:
@@ -222,6 +265,37 @@ def combine(runs: Sequence[dict]) -> dict:
             "loss_base2_seeds": [r["loss_base2"] for r in runs], "tokens": runs[0]["tokens"], "seeds": len(runs)}
 
 
+def add_relative(results: dict, lengths: Sequence[int]) -> None:
+    """Each cell's perplexity relative to the same seed's at the shortest length (1 x L by default):
+    ``relative`` (mean over seeds of the seeds' ratios), ``relative_sd``, ``relative_seeds``; none where either
+    length was refused."""
+    from fairseq_pe.seeds import mean_sd
+
+    for modes in results.values():
+        for cells in modes.values():
+            reference = cells[str(lengths[0])]
+            for n in lengths:
+                cell = cells[str(n)]
+                if "refused" in cell or "refused" in reference:
+                    continue
+                ratios = [p / r for p, r in zip(cell["perplexity_seeds"], reference["perplexity_seeds"])]
+                cell["relative"], cell["relative_sd"] = mean_sd(ratios)
+                cell["relative_seeds"] = ratios
+
+
+def seconds_per_mode(runs: Dict[Run, dict], checkpoints: Dict[str, List[str]], lengths: List[int], windows: Windows,
+                     modes: Sequence[str]) -> dict:
+    """Per mode: the seconds of its fairseq-eval-lm runs, in all (``total``, over ``runs`` runs) and per length
+    (``by_length``: the checkpoints' runs at N, summed); the run at N = S serves both modes and counts in each."""
+    out = {}
+    for mode in modes:
+        by_length = {str(n): round(sum(runs[(path, *windows[(mode, n)])]["seconds"] for paths in checkpoints.values()
+                                       for path in paths), 1) for n in lengths}
+        out[mode] = {"total": round(sum(by_length.values()), 1),
+                     "runs": len(lengths) * sum(map(len, checkpoints.values())), "by_length": by_length}
+    return out
+
+
 def format_cell(cell: dict) -> str:
     if "refused" in cell:
         return "refused"
@@ -229,11 +303,70 @@ def format_cell(cell: dict) -> str:
     return f"{cell['perplexity']:.2f}" + ("" if sd is None else f" ± {sd:.2f}")
 
 
-MODE_TITLES = {"nonoverlapping": "Non-overlapping windows", "sliding": "Sliding windows"}
+def format_value(mean: Optional[float], sd: Optional[float], digits: int = 3) -> str:
+    if mean is None:
+        return "–"
+    return f"{mean:.{digits}f}" + ("" if sd is None else f" ± {sd:.{digits}f}")
+
+
+def relative_table(report: dict, mode: str) -> List[str]:
+    """Rows systems, columns lengths: the perplexity over the same seed's at the shortest length."""
+    lengths = report["lengths"]
+    out = ["", f"Perplexity relative to the same checkpoint's at N = {lengths[0]} (mean ± sd over seeds of the "
+           f"ratios; a system past {report['diverging']['ratio']}× is drawn in its own panel of lengths.png"
+           + (f": {', '.join(report['diverging']['systems'][mode])}" if report["diverging"]["systems"][mode] else "")
+           + "):", "", "| system | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
+    for system, cells in report["results"].items():
+        row = ["refused" if "refused" in cells[mode][str(n)] else
+               format_value(cells[mode][str(n)].get("relative"), cells[mode][str(n)].get("relative_sd"))
+               for n in lengths]
+        out.append(f"| {system} | " + " | ".join(row) + " |")
+    return out
+
+
+def positions_table(report: dict, mode: str) -> List[str]:
+    """Rows systems (each at its longest evaluated length), columns position buckets: the mean loss (base 2) of
+    the tokens at those positions of the window."""
+    from fairseq_pe.lm.positions import buckets
+
+    longest = {s: max((n for n in report["lengths"] if "refused" not in cells[mode][str(n)]), default=0)
+               for s, cells in report["results"].items()}
+    top = max(longest.values(), default=0)
+    if not top or any("position_buckets" not in report["results"][s][mode][str(n)] for s, n in longest.items() if n):
+        return []
+    ranges = buckets(report["train_length"], top)
+    out = ["", "Loss (bits per token) by position in the window, each system at its longest evaluated N (mean ± sd "
+           "over seeds; the loss curve by position in positions.json and positions.png):", "",
+           "| system | N | " + " | ".join(f"{a}–{b}" for a, b in ranges) + " |", "|---|---:|" + "---:|" * len(ranges)]
+    tokens = None
+    for system, cells in report["results"].items():
+        if not longest[system]:
+            out.append(f"| {system} | refused | " + " | ".join("–" for _ in ranges) + " |")
+            continue
+        own = {(b["first"], b["last"]): b for b in cells[mode][str(longest[system])]["position_buckets"]}
+        row = [format_value(own[r]["loss_base2"], own[r]["loss_base2_sd"]) if r in own else "–" for r in ranges]
+        out.append(f"| {system} | {longest[system]} | " + " | ".join(row) + " |")
+        if longest[system] == top:
+            tokens = [own[r]["tokens"] for r in ranges]
+    return out + ([f"| tokens | {top} | " + " | ".join(f"{t:,}" for t in tokens) + " |"] if tokens else [])
+
+
+def time_line(report: dict, mode: str) -> str:
+    seconds = report["seconds"][mode]
+    shared = mode == "sliding" and str(report["stride"]) in seconds["by_length"] and "nonoverlapping" in report["modes"]
+    return (f"Time: {seconds['total']:.1f} s in {seconds['runs']} fairseq-eval-lm runs "
+            f"({seconds['total'] / max(1, seconds['runs']):.1f} s per run); by length, all checkpoints: "
+            + ", ".join(f"N = {n}: {t:.1f} s" for n, t in seconds["by_length"].items())
+            + (f" (the run at N = {report['stride']} is the non-overlapping one, counted in both modes)." if shared
+               else "."))
+
+
+MODE_TITLES = lengths_plot.MODE_TITLES
 
 
 def markdown(report: dict) -> str:
-    """The tables of ``lengths.md``: one per mode, rows systems, columns evaluation lengths."""
+    """``lengths.md``: per mode, the perplexity table (rows systems, columns evaluation lengths), every seed's,
+    the relative perplexity, the loss by position bucket and the time."""
     L, lengths = report["train_length"], report["lengths"]
     seeds = sorted({len(c) for c in report["checkpoints"].values()})
     out = [f"# Perplexity past the training length (L = {L})", "",
@@ -264,54 +397,14 @@ def markdown(report: dict) -> str:
                     row = ["refused" if "refused" in cells[mode][str(n)] else
                            f"{cells[mode][str(n)]['perplexity_seeds'][k]:.2f}" for n in lengths]
                     out.append(f"| {system} | {k + 1} | " + " | ".join(row) + " |")
+        if "diverging" in report:
+            out += relative_table(report, mode)
+        out += positions_table(report, mode)
+        if "seconds" in report:
+            out += ["", time_line(report, mode)]
     if refusals:
         out += ["", "Refused:", ""] + refusals
     return "\n".join(out) + "\n"
-
-
-def plot(report: dict, path: str) -> None:
-    """Perplexity against evaluation length (log2 x, log y), one line per system, one panel per mode."""
-    from fairseq_pe.outputs import savefig
-    from fairseq_pe.plotting import pyplot, system_styles
-
-    plt = pyplot()
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
-    import logging
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's logging setup lets its DEBUG lines out
-    modes, lengths = report["modes"], report["lengths"]
-    styles = system_styles(list(report["results"]))
-    beside = len(report["results"]) > 12  # the legend beside the panels, in columns, not over the curves
-    columns = 1 + len(report["results"]) // 14
-    width = 5.5 * len(modes) + (2.2 * columns if beside else 0)
-    fig, axes = plt.subplots(1, len(modes), figsize=(width, 4.2), squeeze=False, sharey=True)
-    for ax, mode in zip(axes[0], modes):
-        for system, cells in report["results"].items():
-            xs = [n for n in lengths if "refused" not in cells[mode][str(n)]]
-            ys = [cells[mode][str(n)]["perplexity"] for n in xs]
-            sds = [cells[mode][str(n)]["perplexity_sd"] or 0.0 for n in xs]
-            refused = [n for n in lengths if "refused" in cells[mode][str(n)]]
-            label = system + (f" (refused from N = {refused[0]})" if refused else "")
-            if xs:
-                ax.errorbar(xs, ys, yerr=sds if any(sds) else None, label=label, capsize=2, markersize=5,
-                            **styles[system])
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(ScalarFormatter())
-        low, high = ax.get_ylim()  # minor ticks labelled within a decade only (they crowd a wider range)
-        ax.yaxis.set_minor_formatter(ScalarFormatter() if high < 10 * low else NullFormatter())
-        ax.set_xticks(lengths)
-        ax.set_xticklabels([str(n) for n in lengths])
-        ax.axvline(report["train_length"], color="0.6", linewidth=0.8, linestyle=":")
-        ax.set_xlabel("evaluation length N (tokens)")
-        ax.set_title(MODE_TITLES[mode] + ("" if mode == "nonoverlapping" else f" (stride {report['stride']})"))
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel(f"perplexity ({report['gen_subset']})")
-    axes[0][-1].legend(fontsize=7, **(dict(loc="upper left", bbox_to_anchor=(1.02, 1.0), ncol=columns) if beside
-                                      else dict(loc="best")))
-    fig.tight_layout()
-    savefig(fig, path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -336,7 +429,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=1,
                    help="checkpoints evaluated at a time, one fairseq-eval-lm each (default 1; give each run's threads "
                         "with OMP_NUM_THREADS)")
-    p.add_argument("--out", required=True, help="output folder: lengths.{md,json,png}, logs/")
+    p.add_argument("--out", required=True, help="output folder: lengths.{md,json,png}, positions.{json,png}, logs/")
     p.add_argument("--force", action="store_true", help="replace the files of an earlier run in --out")
     args = p.parse_args(argv)
     if args.train_length < 1:
@@ -354,7 +447,26 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if given:
         p.error(f"--eval-lm-args: {', '.join(given)} is set by this tool per point; use its own options "
                 "(--train-length, --multipliers, --stride, --max-tokens, --gen-subset)")
+    breaking = breaking_option(shlex.split(args.eval_lm_args), "sliding" in args.modes)
+    if breaking:
+        p.error(f"--eval-lm-args: {breaking}")
     return args
+
+
+def breaking_option(options: List[str], sliding: bool) -> Optional[str]:
+    """Why an option of --eval-lm-args would break the loss by position, or None: a merge of sub-words, a
+    beginning-of-sentence symbol, or (sliding windows) several data-loading workers (each keeps its own context in
+    fairseq's LMContextWindowDataset, so a window would get another's context)."""
+    for i, option in enumerate(options):
+        name, _, value = option.partition("=")
+        if name in BREAKING_OPTIONS:
+            return f"{name} {BREAKING_OPTIONS[name]}: the loss by position needs one score per token, in its place"
+        if name == "--num-workers" and sliding:
+            value = value or (options[i + 1] if i + 1 < len(options) else "")
+            if not value.isdigit() or int(value) > 1:
+                return (f"--num-workers {value}: sliding windows take their context from the block before, which "
+                        "one data-loading worker alone keeps (give 0 or 1)")
+    return None
 
 
 def evaluate(args: argparse.Namespace) -> dict:
@@ -422,23 +534,64 @@ def evaluate(args: argparse.Namespace) -> dict:
                 future.cancel()
             raise
     runs.update((key, collected[key]) for key in todo)
-    results = {name: {mode: {str(n): dict(combine([runs[(path, *windows[(mode, n)])] for path in paths]),
-                                          tokens_per_sample=windows[(mode, n)][0],
-                                          context_window=windows[(mode, n)][1])
-                             for n in lengths} for mode in args.modes}
-               for name, paths in checkpoints.items()}
+    curves = {key: run.pop("curve") for key, run in runs.items() if "curve" in run}
+    results = build_results(checkpoints, lengths, windows, runs, curves, args)
     report = {"data": args.data, "gen_subset": args.gen_subset, "split_tokens": expected,
               "train_length": args.train_length, "multipliers": args.multipliers, "lengths": lengths,
               "modes": args.modes, "stride": args.stride, "eval_lm_args": args.eval_lm_args,
-              "checkpoints": checkpoints, "results": results,
+              "checkpoints": checkpoints, "results": results, "relative_to": lengths[0],
+              "seconds": seconds_per_mode(runs, checkpoints, lengths, windows, args.modes),
               "runs": {f"{path} T={T} C={C}": run for (path, T, C), run in runs.items()}}
+    report["diverging"] = {"ratio": lengths_plot.DIVERGING_RATIO,
+                           "systems": {mode: lengths_plot.diverging(report, mode) for mode in args.modes}}
     write_json(os.path.join(out, "lengths.json"), report)
+    positions = positions_report(report, windows, curves)
+    write_json(os.path.join(out, "positions.json"), positions, indent=None)
     table = markdown(report)
     write_text(os.path.join(out, "lengths.md"), table)
-    plot(report, os.path.join(out, "lengths.png"))
+    lengths_plot.plot_lengths(report, os.path.join(out, "lengths.png"))
+    lengths_plot.plot_positions(positions, os.path.join(out, "positions.png"))
     print(table, flush=True)
-    log(f"wrote {out}/lengths.md, lengths.json, lengths.png")
+    log(f"wrote {out}/{', '.join(OUTPUTS)}")
     return report
+
+
+def build_results(checkpoints: Dict[str, List[str]], lengths: List[int], windows: Windows, runs: Dict[Run, dict],
+                  curves: Dict[Run, tuple], args: argparse.Namespace) -> dict:
+    """``{system: {mode: {N: cell}}}``: the seeds' perplexity (:func:`combine`), the window's options, the loss by
+    position bucket (``position_buckets``: :func:`fairseq_pe.lm.positions.bucket_values`) and the perplexity
+    relative to the shortest length (:func:`add_relative`)."""
+    from fairseq_pe.lm import positions
+
+    results = {}
+    for name, paths in checkpoints.items():
+        results[name] = {}
+        for mode in args.modes:
+            results[name][mode] = {}
+            for n in lengths:
+                keys = [(path, *windows[(mode, n)]) for path in paths]
+                cell = dict(combine([runs[k] for k in keys]), tokens_per_sample=windows[(mode, n)][0],
+                            context_window=windows[(mode, n)][1])
+                if "refused" not in cell:
+                    cell["position_buckets"] = positions.bucket_values([curves[k] for k in keys],
+                                                                       positions.buckets(args.train_length, n))
+                results[name][mode][str(n)] = cell
+    add_relative(results, lengths)
+    return results
+
+
+def positions_report(report: dict, windows: Windows, curves: Dict[Run, tuple]) -> dict:
+    """``positions.json``: the loss by window position of every system, mode and length
+    (:func:`fairseq_pe.lm.positions.combine_curves`: lists over positions 1..N), or the refusal."""
+    from fairseq_pe.lm import positions
+
+    results = {name: {mode: {str(n): ({"refused": cells[mode][str(n)]["refused"]} if "refused" in cells[mode][str(n)]
+                                      else positions.combine_curves([curves[(path, *windows[(mode, n)])]
+                                                                     for path in report["checkpoints"][name]]))
+                             for n in report["lengths"]} for mode in report["modes"]}
+               for name, cells in report["results"].items()}
+    keep = ("data", "gen_subset", "split_tokens", "train_length", "lengths", "modes", "stride", "checkpoints")
+    return dict({k: report[k] for k in keep}, results=results)
 
 
 @cli

@@ -208,6 +208,17 @@ def transformer_lm_pe_tiny(args):
     base_lm_architecture(args)
 
 
+@register_model_architecture("transformer_lm_pe", "transformer_lm_pe_small")
+def transformer_lm_pe_small(args):
+    """The CPU reproduction's language model at the scale where position matters (docs/lm.md): 4 layers, 128 dims,
+    4 heads, FFN 512."""
+    args.decoder_layers = safe_getattr(args, "decoder_layers", 4)
+    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 128)
+    args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 512)
+    args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 4)
+    base_lm_architecture(args)
+
+
 @register_model_architecture("transformer_lm_pe", "transformer_lm_pe_wiki103")
 def transformer_lm_pe_wiki103(args):
     """fairseq's ``transformer_lm_wiki103`` (Baevski & Auli 2019: 16 layers of 1024, adaptive input and softmax), the

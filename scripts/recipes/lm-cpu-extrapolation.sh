@@ -4,6 +4,15 @@
 #
 #   bash scripts/recipes/lm-cpu-extrapolation.sh [WORKDIR]            # every encoding, seeds 1 2 3
 #   QUICK=1 bash scripts/recipes/lm-cpu-extrapolation.sh [WORKDIR]    # the papers' 5 encodings, seed 1
+#   SCALE=context bash scripts/recipes/lm-cpu-extrapolation.sh [WORKDIR]   # issue 58's scale: 9 encodings, 3 seeds
+#
+# SCALE=tiny (the default) is the first CPU run's settings, below.  SCALE=context is the scale where the models use
+# their context, chosen by lm-cpu-pilot.sh (docs/lm.md): transformer_lm_pe_small (4 layers of 128, 4 heads, FFN 512),
+# 2500 updates of 2048 tokens (5.1M tokens, about 1.1 epochs), WARMUP 200, validated and saved every 250 updates
+# (an interrupted run resumes from its last save), the catalogue's group "lm-context" (none, sinusoidal, RoPE,
+# ALiBi, T5, KERPLE-log, FIRE, FIRE under DAPE, FLOATER's Q/K/V biases), evaluated at 1-16 × L non-overlapping and
+# in sliding windows scoring their last L tokens (STRIDE; 1 is ALiBi's "stride 1", N times the cost).  Every variable below
+# still overrides its defaults.
 #
 # 1. Data: fairseq-pe-prepare-mono on the English text of $DATA (default ../shared/data/mono/en: novels, State of
 #    the Union addresses, WikiText-2's articles) with WHOLE documents held out (--split documents: a file, or a
@@ -20,8 +29,9 @@
 # 3. Evaluation: fairseq-pe-lm-lengths on the test split at L x $MULTIPLIERS (default 1 2 4 8 16 32; memory is no
 #    limit at L = 64) in $MODES (default nonoverlapping, ALiBi's Figure 1 and KERPLE's Table 3; MODES="nonoverlapping
 #    sliding" adds windows of N tokens scoring their last L, which costs N / L times a non-overlapping pass), JOBS
-#    checkpoints at a time: WORKDIR/lengths/lengths.{md,json,png} (mean ± sample std over the seeds and every seed's
-#    value; a learned table's refusal of a longer length recorded as "refused").
+#    checkpoints at a time: WORKDIR/lengths/lengths.{md,json,png} and positions.{json,png} (the loss by token
+#    position; mean ± sample std over the seeds and every seed's value; a learned table's refusal of a longer length
+#    recorded as "refused").
 #
 # Systems: SYSTEMS (space-separated catalogue names; default the catalogue's group "encodings", one system per
 # encoding, FLOATER in its three forms: `python -m fairseq_pe.systems names encodings`; with QUICK=1 the group
@@ -31,27 +41,36 @@
 # the evaluation's 324 fairseq-eval-lm runs 59 min with other work sharing the machine (28-42 s each).  On an idle
 # machine the recipe's 18 systems before issue 43 (x 3 seeds = 54 runs) take about 1.5 h of training and under an hour
 # of evaluation (the group has 24 since: the encodings of 2024-2025); QUICK=1 (5 runs, one seed) about 10-15 min in all.  The results of the full recipe, 3 seeds: docs/results.md.
-# A re-run resumes: finished runs (their train.done) are skipped, and the evaluation is skipped while the
-# checkpoints it was run on (lengths/checkpoints.txt) are the same; delete WORKDIR/runs/NAME-sSEED to redo one.
-# Environment: DATA, L, VOCAB, VALID_PERCENT, TEST_PERCENT, ARCH, SYSTEMS, SEEDS, QUICK, MAX_UPDATE, MAX_TOKENS, LR,
-# WARMUP, JOBS, THREADS, MULTIPLIERS, MODES, PYTHON (python: reads the catalogue), DRY_RUN=1 (print the commands).
+# A re-run resumes: finished runs (their train.done) are skipped, an interrupted one continues from its last
+# checkpoint_last.pt while its command is the same (SAVE_EVERY sets how often it is saved), and the evaluation is
+# skipped while the checkpoints it was run on (lengths/checkpoints.txt) are the same; delete WORKDIR/runs/NAME-sSEED
+# to redo one.
+# Environment: SCALE, DATA, L, VOCAB, VALID_PERCENT, TEST_PERCENT, ARCH, ARCH_ARGS, SYSTEMS, SEEDS, QUICK, MAX_UPDATE,
+# MAX_TOKENS, LR, WARMUP, VALIDATE_EVERY, SAVE_EVERY, JOBS, THREADS, MULTIPLIERS, MODES, STRIDE (sliding windows' scored
+# tokens; default L), PYTHON (python: reads the catalogue), DRY_RUN=1 (print the commands).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PYTHON=${PYTHON:-python}
 WORK=${1:-lm-cpu-extrapolation-work}
 DATA=${DATA:-$REPO/../shared/data/mono/en}
+SCALE=${SCALE:-tiny}
+case $SCALE in
+  tiny)  # the first CPU run (docs/results.md): tiny models, 600 updates of 1,024 tokens
+    ARCH=${ARCH:-transformer_lm_pe_tiny} MAX_UPDATE=${MAX_UPDATE:-600} MAX_TOKENS=${MAX_TOKENS:-1024}
+    WARMUP=${WARMUP:-100} MULTIPLIERS=${MULTIPLIERS:-1 2 4 8 16 32} MODES=${MODES:-nonoverlapping} ;;
+  context)  # issue 58: the scale the pilot chose (lm-cpu-pilot.sh), where the models use their context
+    ARCH=${ARCH:-transformer_lm_pe_small} MAX_UPDATE=${MAX_UPDATE:-2500} MAX_TOKENS=${MAX_TOKENS:-2048}
+    WARMUP=${WARMUP:-200} MULTIPLIERS=${MULTIPLIERS:-1 2 4 8 16} MODES=${MODES:-nonoverlapping sliding}
+    VALIDATE_EVERY=${VALIDATE_EVERY:-250} SAVE_EVERY=${SAVE_EVERY:-250} ;;
+  *) echo "lm-cpu-extrapolation.sh: SCALE=$SCALE: use tiny (the default) or context" >&2; exit 2 ;;
+esac
 L=${L:-64}
 VOCAB=${VOCAB:-4000}
-ARCH=${ARCH:-transformer_lm_pe_tiny}
 QUICK=${QUICK:-0}
-MAX_UPDATE=${MAX_UPDATE:-600}
-MAX_TOKENS=${MAX_TOKENS:-1024}
 LR=${LR:-0.002}
-WARMUP=${WARMUP:-100}
 JOBS=${JOBS:-2}
 THREADS=${THREADS:-1}
-MULTIPLIERS=${MULTIPLIERS:-1 2 4 8 16 32}
-MODES=${MODES:-nonoverlapping}
+STRIDE=${STRIDE:-}
 DRY_RUN=${DRY_RUN:-0}
 PLUGIN=$REPO/fairseq_pe
 export PYTHONUNBUFFERED=1
@@ -63,6 +82,10 @@ source "$REPO/scripts/recipes/lm_cpu_common.sh"
 if [[ $QUICK == 1 ]]; then
   SYSTEMS=${SYSTEMS:-$(catalogue names lm-wiki103)} || die "$PYTHON cannot read fairseq_pe/systems.py"
   SEEDS=${SEEDS:-1}
+elif [[ $SCALE == context ]]; then
+  [[ $QUICK == 0 ]] || die "QUICK=$QUICK: use QUICK=1 (a few systems, one seed) or leave it out"
+  SYSTEMS=${SYSTEMS:-$(catalogue names lm-context)} || die "$PYTHON cannot read fairseq_pe/systems.py"
+  SEEDS=${SEEDS:-1 2 3}
 else
   [[ $QUICK == 0 ]] || die "QUICK=$QUICK: use QUICK=1 (a few systems, one seed) or leave it out"
   SYSTEMS=${SYSTEMS:-$(catalogue names encodings)} || die "$PYTHON cannot read fairseq_pe/systems.py"
@@ -73,27 +96,20 @@ read_systems
 for name in "${!FLAGS[@]}"; do
   FLAGS[$name]=$(sed -E "s/--pe-fope-train-length [0-9]+/--pe-fope-train-length $L/" <<< "${FLAGS[$name]}")
 done
-[[ $DRY_RUN == 1 || -d $DATA ]] || die "text folder $DATA not found; set DATA=DIR (*.txt / *.raw files under it)"
 
-# ---- 1. data (the step runs while train.bin, which the tool writes last, is missing: --force replaces what an
-# interrupted earlier run left)
-if [[ -f $WORK/data/train.bin ]]; then
-  log "reusing the data in $WORK/data"
-else
-  log "preparing $DATA -> $WORK/data (whole documents held out)"
-  run "$WORK/logs/prepare.log" fairseq-pe-prepare-mono --input "$DATA" --destdir "$WORK/data" --vocab-size "$VOCAB" \
-    --split documents --valid-percent "${VALID_PERCENT:-1}" --test-percent "${TEST_PERCENT:-1}" --workers 2 --force
-  [[ $DRY_RUN == 1 ]] || grep -E '^\[prepare-mono' "$WORK/logs/prepare.log" | sed -n '2,4p' >&2
-fi
+# ---- 1. data
+prepare_data
 
 # ---- 2. training, JOBS runs at a time
 train_systems "L=$L, $MAX_UPDATE updates" --tokens-per-sample "$L" --sample-break-mode none --log-interval 100
 
 # ---- 3. evaluation at L x MULTIPLIERS, non-overlapping and sliding (skipped while its checkpoints are the same)
-ONCE_KEY=$(printf '%s\n' "L=$L" "multipliers=$MULTIPLIERS" "modes=$MODES")
+ONCE_KEY=$(printf '%s\n' "L=$L" "multipliers=$MULTIPLIERS" "modes=$MODES" "stride=$STRIDE")
+STRIDE_ARGS=()
+[[ -z $STRIDE ]] || STRIDE_ARGS=(--stride "$STRIDE")
 # shellcheck disable=SC2086
 OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS once_per_checkpoints evaluated "$WORK/lengths" lengths.json \
   "$WORK/logs/lengths.log" fairseq-pe-lm-lengths --data "$WORK/data" --gen-subset test --train-length "$L" \
-  --multipliers $MULTIPLIERS --modes $MODES --checkpoint "${CHECKPOINTS[@]}" --eval-lm-args=--cpu --jobs "$JOBS" \
-  --out "$WORK/lengths" --force
-[[ $DRY_RUN == 1 ]] || { cat "$WORK/lengths/lengths.md"; log "wrote $WORK/lengths/lengths.{md,json,png}"; }
+  --multipliers $MULTIPLIERS --modes $MODES ${STRIDE_ARGS[@]+"${STRIDE_ARGS[@]}"} --checkpoint "${CHECKPOINTS[@]}" \
+  --eval-lm-args=--cpu --jobs "$JOBS" --out "$WORK/lengths" --force
+[[ $DRY_RUN == 1 ]] || { cat "$WORK/lengths/lengths.md"; log "wrote $WORK/lengths/lengths.{md,json,png} and positions.{json,png}"; }

@@ -17,7 +17,14 @@
 #                          dropout 0.1, Adam (0.9, 0.98), weight decay 0.01, lr LR after WARMUP updates, inverse square
 #                          root, MAX_UPDATE updates of MAX_TOKENS tokens, --cpu) and the recipe's OPTIONS (its samples,
 #                          criterion, logging); DESC: the settings its start line names.  CHECKPOINTS: every run's
-#                          NAME=.../checkpoint_last.pt
+#                          NAME=.../checkpoint_last.pt.  ARCH_ARGS: more model flags after --arch (a size between
+#                          the registered ones, e.g. "--decoder-embed-dim 192 --decoder-ffn-embed-dim 768").  VALIDATE_EVERY=N (default 0: once per epoch) validates every N
+#                          updates (the loss at L against the tokens seen: fairseq-pe-lm-curves); SAVE_EVERY=N (default
+#                          0: at the end of an epoch) saves checkpoint_last.pt every N updates.  A run interrupted
+#                          before its train.done resumes from its checkpoint_last.pt (fairseq's own restore, its log
+#                          appended) when its command (WORK/runs/NAME-sSEED/train.cmd) is the same, else starts again
+#   prepare_data           WORK/data: fairseq-pe-prepare-mono on the text folder DATA, whole documents held out, VOCAB
+#                          pieces (VALID_PERCENT and TEST_PERCENT, default 1); skipped while WORK/data/train.bin exists
 #   once_per_checkpoints WHAT RESULT_DIR RESULT LOG CMD...
 #                          runs CMD (through run) unless RESULT_DIR/RESULT exists and was made from the same checkpoints
 #                          (RESULT_DIR/checkpoints.txt, written after success, holds CHECKPOINTS and ONCE_KEY); then
@@ -31,7 +38,11 @@ run() {
   local out=$1; shift
   if [[ $DRY_RUN == 1 ]]; then printf '+ %s\n' "$(printf '%q ' "$@")"; return 0; fi
   mkdir -p "${out%/*}"
-  "$@" > "$out" 2>&1 || { echo "$PROG: failed, see $out:" >&2; tail -n 30 "$out" >&2; return 1; }
+  if [[ ${RUN_APPEND:-0} == 1 ]]; then
+    "$@" >> "$out" 2>&1 || { echo "$PROG: failed, see $out:" >&2; tail -n 30 "$out" >&2; return 1; }
+  else
+    "$@" > "$out" 2>&1 || { echo "$PROG: failed, see $out:" >&2; tail -n 30 "$out" >&2; return 1; }
+  fi
 }
 
 declare -A FLAGS=()
@@ -44,20 +55,43 @@ read_systems() {
   for seed in $SEEDS; do [[ $seed =~ ^[0-9]+$ ]] || die "SEEDS: '$seed' is not a number"; done
 }
 
-_train_one() {  # _train_one NAME SEED DIR OPTIONS...
-  local name=$1 seed=$2 dir=$3 start=$SECONDS; shift 3
+_train_command() {  # _train_command NAME SEED DIR OPTIONS...: TRAIN_CMD, the run's fairseq-train command
+  local name=$1 seed=$2 dir=$3; shift 3
   # shellcheck disable=SC2086
-  local pe=(${FLAGS[$name]})
-  OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS run "$dir/train.log" fairseq-train "$WORK/data" \
-    --user-dir "$PLUGIN" --task language_modeling "$@" --arch "$ARCH" "${pe[@]}" \
+  local pe=(${FLAGS[$name]}) arch_args=(${ARCH_ARGS:-}) every=()
+  [[ ${VALIDATE_EVERY:-0} == 0 ]] || every+=(--validate-interval-updates "$VALIDATE_EVERY")
+  [[ ${SAVE_EVERY:-0} == 0 ]] || every+=(--save-interval-updates "$SAVE_EVERY" --keep-interval-updates 1)
+  TRAIN_CMD=(fairseq-train "$WORK/data" \
+    --user-dir "$PLUGIN" --task language_modeling "$@" --arch "$ARCH" ${arch_args[@]+"${arch_args[@]}"} "${pe[@]}" \
     --share-decoder-input-output-embed --dropout 0.1 \
     --optimizer adam --adam-betas '(0.9, 0.98)' --weight-decay 0.01 --clip-norm 0.0 \
     --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-07 \
     --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --seed "$seed" --cpu --num-workers 0 \
-    --save-dir "$dir" --no-epoch-checkpoints --log-format simple
+    --save-dir "$dir" --no-epoch-checkpoints --log-format simple ${every[@]+"${every[@]}"})
+}
+
+_train_one() {  # _train_one NAME SEED DIR RESUME OPTIONS...
+  local name=$1 seed=$2 dir=$3 resume=$4 start=$SECONDS; shift 4
+  _train_command "$name" "$seed" "$dir" "$@"
+  [[ $DRY_RUN == 1 ]] || { mkdir -p "$dir"; printf '%q ' "${TRAIN_CMD[@]}" > "$dir/train.cmd"; }
+  OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS RUN_APPEND=$resume run "$dir/train.log" "${TRAIN_CMD[@]}"
   [[ $DRY_RUN == 1 ]] && return 0
   touch "$dir/train.done"
   log "$name seed $seed: trained in $((SECONDS - start)) s ($(grep -o 'done training in [0-9.]* seconds' "$dir/train.log"))"
+}
+
+prepare_data() {  # WORK/data from the text folder DATA, whole documents held out (skipped while train.bin is there)
+  # the step runs while train.bin, which the tool writes last, is missing: --force replaces what an interrupted
+  # earlier run left
+  [[ $DRY_RUN == 1 || -d $DATA ]] || die "text folder $DATA not found; set DATA=DIR (*.txt / *.raw files under it)"
+  if [[ -f $WORK/data/train.bin ]]; then
+    log "reusing the data in $WORK/data"
+    return 0
+  fi
+  log "preparing $DATA -> $WORK/data (whole documents held out)"
+  run "$WORK/logs/prepare.log" fairseq-pe-prepare-mono --input "$DATA" --destdir "$WORK/data" --vocab-size "$VOCAB" \
+    --split documents --valid-percent "${VALID_PERCENT:-1}" --test-percent "${TEST_PERCENT:-1}" --workers 2 --force
+  [[ $DRY_RUN == 1 ]] || grep -E '^\[prepare-mono' "$WORK/logs/prepare.log" | sed -n '2,4p' >&2
 }
 
 CHECKPOINTS=()
@@ -71,12 +105,21 @@ train_systems() {
         log "$name seed $seed: trained already ($dir)"
         continue
       fi
-      [[ $DRY_RUN == 1 ]] || rm -rf "$dir"  # an interrupted run starts again (its learning-rate schedule and seed)
+      local resume=0
+      if [[ $DRY_RUN != 1 && -d $dir ]]; then  # interrupted: resumed where its command is the same, else again
+        _train_command "$name" "$seed" "$dir" "$@"
+        if [[ -f $dir/checkpoint_last.pt && -f $dir/train.cmd && $(cat "$dir/train.cmd") == "$(printf '%q ' "${TRAIN_CMD[@]}")" ]]; then
+          resume=1
+          log "$name seed $seed: resuming from $dir/checkpoint_last.pt"
+        else
+          rm -rf "$dir"
+        fi
+      fi
       log "$name seed $seed: training ($ARCH ${FLAGS[$name]}, $desc)"
       if [[ $DRY_RUN == 1 || $JOBS -le 1 ]]; then
-        _train_one "$name" "$seed" "$dir" "$@"
+        _train_one "$name" "$seed" "$dir" "$resume" "$@"
       else
-        _train_one "$name" "$seed" "$dir" "$@" &
+        _train_one "$name" "$seed" "$dir" "$resume" "$@" &
         pending=$((pending + 1))
         if ((pending >= JOBS)); then wait -n; pending=$((pending - 1)); fi
       fi
