@@ -142,3 +142,33 @@ def test_an_interrupted_training_resumes_from_its_last_checkpoint_to_the_same_mo
                              text=True)
     assert changed.returncode == 0, changed.stderr[-3000:]
     assert "resuming" not in changed.stderr and run_log.read_text().count("fairseq_cli.train | task: ") == 1
+
+
+def test_the_context_scale_trains_the_pilots_size_and_evaluates_both_modes_and_stride_one(tmp_path):
+    """SCALE=context (issue 58): the catalogue's lm-context systems, 3 seeds, transformer_lm_pe_small for 2,500
+    updates of 2,048 tokens, validated and saved every 250 updates; evaluated at 1-16 x L in both modes, then with
+    ALiBi's stride 1 at L.  Catches a preset that drops one of these (e.g. the saves an interrupted run resumes
+    from)."""
+    env = dict(os.environ, DRY_RUN="1", SCALE="context", PYTHON=sys.executable)
+    proc = subprocess.run(["bash", RECIPE, str(tmp_path / "work")], env=env, capture_output=True, text=True,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    commands = [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ ")]
+    trains = [c for c in commands if c[0] == "fairseq-train"]
+    systems = catalogue.group("lm-context")
+    assert len(trains) == 3 * len(systems) and "fire-dape" in systems and "floater-bias" in systems
+    for c in trains:
+        value = {flag: c[c.index(flag) + 1] for flag in ("--arch", "--max-update", "--max-tokens",
+                                                          "--validate-interval-updates", "--save-interval-updates")}
+        assert value == {"--arch": "transformer_lm_pe_small", "--max-update": "2500", "--max-tokens": "2048",
+                         "--validate-interval-updates": "250", "--save-interval-updates": "250"}
+    lengths = [c for c in commands if c[0] == "fairseq-pe-lm-lengths"]
+    assert len(lengths) == 2
+    first, stride_one = lengths
+    assert first[first.index("--modes") + 1:first.index("--modes") + 3] == ["nonoverlapping", "sliding"]
+    assert first[first.index("--multipliers") + 1:first.index("--modes")] == ["1", "2", "4", "8", "16"]
+    assert stride_one[stride_one.index("--stride") + 1] == "1" and stride_one[stride_one.index("--modes") + 1] == "sliding"
+    assert stride_one[stride_one.index("--out") + 1].endswith("/lengths-stride1")
+    bad = subprocess.run(["bash", RECIPE, str(tmp_path / "work")], env=dict(env, SCALE="huge"), capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert bad.returncode == 2 and "SCALE=huge" in bad.stderr

@@ -11,8 +11,8 @@
 # 2500 updates of 2048 tokens (5.1M tokens, about 1.1 epochs), WARMUP 200, validated and saved every 250 updates
 # (an interrupted run resumes from its last save), the catalogue's group "lm-context" (none, sinusoidal, RoPE,
 # ALiBi, T5, KERPLE-log, FIRE, FIRE under DAPE, FLOATER's Q/K/V biases), evaluated at 1-16 × L non-overlapping and
-# in sliding windows scoring their last L tokens (STRIDE; 1 is ALiBi's "stride 1", N times the cost).  Every variable below
-# still overrides its defaults.
+# in sliding windows scoring their last L tokens (STRIDE), and at L in windows scoring their last token (STRIDE_ONE=1:
+# ALiBi's sliding evaluation, L times a non-overlapping pass).  Every variable below still overrides its defaults.
 #
 # 1. Data: fairseq-pe-prepare-mono on the English text of $DATA (default ../shared/data/mono/en: novels, State of
 #    the Union addresses, WikiText-2's articles) with WHOLE documents held out (--split documents: a file, or a
@@ -47,7 +47,7 @@
 # to redo one.
 # Environment: SCALE, DATA, L, VOCAB, VALID_PERCENT, TEST_PERCENT, ARCH, ARCH_ARGS, SYSTEMS, SEEDS, QUICK, MAX_UPDATE,
 # MAX_TOKENS, LR, WARMUP, VALIDATE_EVERY, SAVE_EVERY, JOBS, THREADS, MULTIPLIERS, MODES, STRIDE (sliding windows' scored
-# tokens; default L), PYTHON (python: reads the catalogue), DRY_RUN=1 (print the commands).
+# tokens; default L), STRIDE_ONE, PYTHON (python: reads the catalogue), DRY_RUN=1 (print the commands).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PYTHON=${PYTHON:-python}
@@ -61,7 +61,7 @@ case $SCALE in
   context)  # issue 58: the scale the pilot chose (lm-cpu-pilot.sh), where the models use their context
     ARCH=${ARCH:-transformer_lm_pe_small} MAX_UPDATE=${MAX_UPDATE:-2500} MAX_TOKENS=${MAX_TOKENS:-2048}
     WARMUP=${WARMUP:-200} MULTIPLIERS=${MULTIPLIERS:-1 2 4 8 16} MODES=${MODES:-nonoverlapping sliding}
-    VALIDATE_EVERY=${VALIDATE_EVERY:-250} SAVE_EVERY=${SAVE_EVERY:-250} ;;
+    VALIDATE_EVERY=${VALIDATE_EVERY:-250} SAVE_EVERY=${SAVE_EVERY:-250} STRIDE_ONE=${STRIDE_ONE:-1} ;;
   *) echo "lm-cpu-extrapolation.sh: SCALE=$SCALE: use tiny (the default) or context" >&2; exit 2 ;;
 esac
 L=${L:-64}
@@ -71,6 +71,7 @@ LR=${LR:-0.002}
 JOBS=${JOBS:-2}
 THREADS=${THREADS:-1}
 STRIDE=${STRIDE:-}
+STRIDE_ONE=${STRIDE_ONE:-0}
 DRY_RUN=${DRY_RUN:-0}
 PLUGIN=$REPO/fairseq_pe
 export PYTHONUNBUFFERED=1
@@ -113,3 +114,14 @@ OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS once_per_checkpoints evaluated
   --multipliers $MULTIPLIERS --modes $MODES ${STRIDE_ARGS[@]+"${STRIDE_ARGS[@]}"} --checkpoint "${CHECKPOINTS[@]}" \
   --eval-lm-args=--cpu --jobs "$JOBS" --out "$WORK/lengths" --force
 [[ $DRY_RUN == 1 ]] || { cat "$WORK/lengths/lengths.md"; log "wrote $WORK/lengths/lengths.{md,json,png} and positions.{json,png}"; }
+
+# ---- 4. ALiBi's sliding evaluation at L (its Analysis and Table 7; --context-window L-1 in fairseq's terms: windows of
+# L tokens, each scoring its last one), with STRIDE_ONE=1 (SCALE=context's default): WORK/lengths-stride1
+if [[ $STRIDE_ONE == 1 ]]; then
+  ONCE_KEY=$(printf '%s\n' "L=$L" "stride=1")
+  OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS once_per_checkpoints "evaluated with stride 1" \
+    "$WORK/lengths-stride1" lengths.json "$WORK/logs/lengths-stride1.log" fairseq-pe-lm-lengths --data "$WORK/data" \
+    --gen-subset test --train-length "$L" --multipliers 1 --modes sliding --stride 1 --checkpoint "${CHECKPOINTS[@]}" \
+    --eval-lm-args=--cpu --jobs "$JOBS" --out "$WORK/lengths-stride1" --force
+  [[ $DRY_RUN == 1 ]] || log "wrote $WORK/lengths-stride1/lengths.{md,json,png} and positions.{json,png}"
+fi
