@@ -401,3 +401,10 @@ def counting_lm_data(root) -> str:
     cli("fairseq-preprocess", "--only-source", "--trainpref", root / "train.txt", "--validpref", root / "valid.txt",
         "--testpref", root / "test.txt", "--destdir", root / "bin", "--workers", "1")
     return root / "bin"
+
+
+def forked_run(cmd, stdout=None, stderr=None, text=None) -> subprocess.CompletedProcess:
+    """``subprocess.run`` of a console script (its output and errors in one stream), forked from the tests' server:
+    by its name, which :func:`cli` finds on PATH (a path to the script would start a new interpreter)."""
+    proc = cli(os.path.basename(cmd[0]), *cmd[1:], check=False)
+    return subprocess.CompletedProcess(cmd, proc.returncode, proc.stdout + proc.stderr)

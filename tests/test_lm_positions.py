@@ -17,7 +17,7 @@ from fairseq_pe.errors import UserError
 from fairseq_pe.lm import extrapolation as ex
 from fairseq_pe.lm import lengths_plot, positions
 
-from helpers import PLUGIN, cli, exit_status, counting_lm_data
+from helpers import PLUGIN, cli, exit_status, counting_lm_data, forked_run
 
 PIPE_FORMAT = "2026-01-01 10:00:00 | INFO | fairseq_cli.eval_lm | "  # fairseq_cli/eval_lm.py's logging format
 PLAIN_FORMAT = "INFO:fairseq_cli.eval_lm:"  # when logging was configured before eval_lm's basicConfig
@@ -145,13 +145,6 @@ def alibi(lm_data, tmp_path_factory):
         "--num-workers", "0", "--save-dir", save, "--no-epoch-checkpoints", "--disable-validation", "--log-format",
         "simple", "--seed", "1", "--user-dir", PLUGIN, "--arch", "transformer_lm_pe_tiny", *systems.flags("alibi"))
     return str(save / "checkpoint_last.pt")
-
-
-def forked_run(cmd, stdout=None, stderr=None, text=None):
-    """``subprocess.run`` of fairseq-eval-lm (its output in one stream) forked from the tests' server (by its name:
-    ``helpers.cli`` forks the console scripts it finds on PATH by name)."""
-    proc = cli(os.path.basename(cmd[0]), *cmd[1:], check=False)
-    return subprocess.CompletedProcess(cmd, proc.returncode, proc.stdout + proc.stderr)
 
 
 def run_tool(monkeypatch, out, *argv):

@@ -16,7 +16,7 @@ from fairseq_pe.errors import UserError
 from fairseq_pe.lm import extrapolation as ex
 from fairseq_pe.lm import lengths_plot, positions
 
-from helpers import PLUGIN, cli, exit_status, forked, counting_lm_data
+from helpers import PLUGIN, cli, exit_status, forked, counting_lm_data, forked_run
 
 L = 16  # the training length of the tiny models
 
@@ -134,12 +134,6 @@ def train_lm(data, save_dir, *flags, user_dir=True):
         "--disable-validation", "--log-format", "simple", "--seed", "1", *(["--user-dir", PLUGIN] if user_dir else []),
         *flags)
     return os.path.join(save_dir, "checkpoint_last.pt")
-
-
-def forked_run(cmd, stdout=None, stderr=None, text=None):
-    """``subprocess.run`` of the tool (its output and errors in one stream), through the tests' fork server."""
-    proc = cli(*cmd, check=False)
-    return subprocess.CompletedProcess(cmd, proc.returncode, proc.stdout + proc.stderr)
 
 
 def test_alibi_and_a_learned_table_at_1x_and_4x(lm_data, tmp_path, monkeypatch, capsys):
