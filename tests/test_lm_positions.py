@@ -232,6 +232,32 @@ def test_loss_by_position_is_the_models_per_token_loss(lm_data, alibi, tmp_path,
     assert_same_curve(report, curves, "sliding", 16, alibi, lm_data)
 
 
+def test_the_joined_curve_reads_each_position_from_the_shortest_window_reaching_it(lm_data, alibi, tmp_path,
+                                                                                       monkeypatch):
+    """Its premise first: a causal model scores the first 8 tokens of a 16-token window as the 8-token window that
+    starts with them (fairseq's own scores, block b of N = 16 against block 2b of N = 8).  Then the joined curve:
+    positions 1-8 from N = 8 (8 tokens each, where N = 16 has 4), 9-16 from N = 16, every token counted once per
+    evaluation it comes from.  Catches positions 1-8 read from the longest run, or the runs' slices shifted by one."""
+    report, curves = run_tool(monkeypatch, tmp_path / "out", "--data", str(lm_data), "--train-length", "8",
+                              "--multipliers", "1", "2", "--modes", "nonoverlapping", "--checkpoint", f"alibi={alibi}")
+    logs = tmp_path / "out" / "logs"
+    short = dict(positions.word_prob_lines((logs / "alibi-1-T8-C0.log").read_text()))
+    long_ = dict(positions.word_prob_lines((logs / "alibi-1-T16-C0.log").read_text()))
+    for b, scores in long_.items():
+        assert scores[:8] == pytest.approx(short[2 * b][:len(scores[:8])], abs=2e-6), b  # 6 decimals printed
+    joined = curves["stitched"]["alibi"]
+    one = curves["results"]["alibi"]["nonoverlapping"]
+    assert joined["n"] == 16 and joined["from_lengths"] == [8, 16]
+    assert joined["count"] == one["8"]["count"] + one["16"]["count"][8:]
+    assert joined["loss_base2"] == one["8"]["loss_base2"] + one["16"]["loss_base2"][8:]  # the same runs' values
+    assert joined["count"][:8] != one["16"]["count"][:8]  # the long run holds fewer tokens there
+    buckets = report["stitched"]["alibi"]["position_buckets"]
+    assert [(b["first"], b["last"]) for b in buckets] == [(1, 2), (3, 4), (5, 6), (7, 8), (9, 16)]
+    assert [b["tokens"] for b in buckets] == [sum(joined["count"][a - 1:z]) for a, z in ((1, 2), (3, 4), (5, 6), (7, 8),
+                                                                                       (9, 16))]
+    assert "read from the evaluation at N_k" in (tmp_path / "out" / "lengths.md").read_text()
+
+
 def test_options_that_would_move_the_scores_are_refused(capsys):
     base = ["--checkpoint", "a=b", "--data", "d", "--train-length", "16", "--out", "o"]
     for extra, message in ((["--eval-lm-args", "--post-process subword_nmt"], "--post-process merges sub-words"),

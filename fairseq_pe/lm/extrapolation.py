@@ -48,7 +48,10 @@ earlier result without ``--force``:
   ``position_buckets``; ``seconds`` per mode (``total``, ``runs``, ``by_length``), each run's in ``runs``;
   ``diverging`` (the systems of the relative plot's own panel);
 * ``positions.json``: per system, mode and length the loss at each position 1..N (``loss_base2``, ``_sd``,
-  ``_seeds``; None where no token sits) and its token ``count``;
+  ``_seeds``; None where no token sits) and its token ``count``; ``stitched``: per system the non-overlapping
+  curves joined, positions N_{k-1}+1..N_k from the evaluation at N_k (:func:`fairseq_pe.lm.positions.stitch`: the
+  same computation for a causal model, read where a position holds the most tokens), which positions.png and the
+  table of lengths.md show for non-overlapping windows (``stitched`` in lengths.json: its buckets);
 * ``lengths.png`` (:mod:`fairseq_pe.lm.lengths_plot`): per mode, the perplexity against evaluation length (log2
   x) and the relative perplexity (linear y; a system past 1.5x at some length in a panel of its own, so that it
   does not flatten the others), one line per system in the colours of :mod:`fairseq_pe.plotting`;
@@ -329,21 +332,26 @@ def positions_table(report: dict, mode: str) -> List[str]:
     the tokens at those positions of the window."""
     from fairseq_pe.lm.positions import buckets
 
+    joined = mode == "nonoverlapping" and report.get("stitched") is not None
     longest = {s: max((n for n in report["lengths"] if "refused" not in cells[mode][str(n)]), default=0)
                for s, cells in report["results"].items()}
     top = max(longest.values(), default=0)
-    if not top or any("position_buckets" not in report["results"][s][mode][str(n)] for s, n in longest.items() if n):
+    if not top or (not joined and any("position_buckets" not in report["results"][s][mode][str(n)]
+                                      for s, n in longest.items() if n)):
         return []
     ranges = buckets(report["train_length"], top)
-    out = ["", "Loss (bits per token) by position in the window, each system at its longest evaluated N (mean ± sd "
-           "over seeds; the loss curve by position in positions.json and positions.png):", "",
+    how = ("positions N_{k-1}+1..N_k read from the evaluation at N_k, each where it holds the most tokens" if joined
+           else "each system at its longest evaluated N")
+    out = ["", f"Loss (bits per token) by position in the window ({how}; mean ± sd over seeds; the loss curve by "
+           "position in positions.json and positions.png):", "",
            "| system | N | " + " | ".join(f"{a}–{b}" for a, b in ranges) + " |", "|---|---:|" + "---:|" * len(ranges)]
     tokens = None
     for system, cells in report["results"].items():
         if not longest[system]:
             out.append(f"| {system} | refused | " + " | ".join("–" for _ in ranges) + " |")
             continue
-        own = {(b["first"], b["last"]): b for b in cells[mode][str(longest[system])]["position_buckets"]}
+        source = report["stitched"][system] if joined else cells[mode][str(longest[system])]
+        own = {(b["first"], b["last"]): b for b in source["position_buckets"]}
         row = [format_value(own[r]["loss_base2"], own[r]["loss_base2_sd"]) if r in own else "–" for r in ranges]
         out.append(f"| {system} | {longest[system]} | " + " | ".join(row) + " |")
         if longest[system] == top:
@@ -544,6 +552,7 @@ def evaluate(args: argparse.Namespace) -> dict:
               "runs": {f"{path} T={T} C={C}": run for (path, T, C), run in runs.items()}}
     report["diverging"] = {"ratio": lengths_plot.DIVERGING_RATIO,
                            "systems": {mode: lengths_plot.diverging(report, mode) for mode in args.modes}}
+    add_stitched(report, stitched_curves(report, windows, curves))
     write_json(os.path.join(out, "lengths.json"), report)
     positions = positions_report(report, windows, curves)
     write_json(os.path.join(out, "positions.json"), positions, indent=None)
@@ -580,6 +589,34 @@ def build_results(checkpoints: Dict[str, List[str]], lengths: List[int], windows
     return results
 
 
+def stitched_curves(report: dict, windows: Windows, curves: Dict[Run, tuple]) -> Dict[str, dict]:
+    """Per system, its non-overlapping curves joined (:func:`fairseq_pe.lm.positions.stitch`) over the lengths it
+    was not refused: ``{"n"`` (the longest), ``"from_lengths"``, ``"seeds"`` (each checkpoint's (sums, counts))``}``;
+    {} without the non-overlapping mode."""
+    from fairseq_pe.lm import positions
+
+    if "nonoverlapping" not in report["modes"]:
+        return {}
+    out = {}
+    for name, cells in report["results"].items():
+        lengths = [n for n in report["lengths"] if "refused" not in cells["nonoverlapping"][str(n)]]
+        if lengths:
+            seeds = [positions.stitch([(n, curves[(path, *windows[("nonoverlapping", n)])]) for n in lengths])
+                     for path in report["checkpoints"][name]]
+            out[name] = {"n": lengths[-1], "from_lengths": lengths, "seeds": seeds}
+    return out
+
+
+def add_stitched(report: dict, stitched: Dict[str, dict]) -> None:
+    """``report["stitched"]``: per system, the joined curve's position buckets (for lengths.md)."""
+    from fairseq_pe.lm import positions
+
+    report["stitched"] = {name: {"n": s["n"], "from_lengths": s["from_lengths"],
+                                 "position_buckets": positions.bucket_values(
+                                     s["seeds"], positions.buckets(report["train_length"], s["n"]))}
+                          for name, s in stitched.items()}
+
+
 def positions_report(report: dict, windows: Windows, curves: Dict[Run, tuple]) -> dict:
     """``positions.json``: the loss by window position of every system, mode and length
     (:func:`fairseq_pe.lm.positions.combine_curves`: lists over positions 1..N), or the refusal."""
@@ -591,7 +628,9 @@ def positions_report(report: dict, windows: Windows, curves: Dict[Run, tuple]) -
                              for n in report["lengths"]} for mode in report["modes"]}
                for name, cells in report["results"].items()}
     keep = ("data", "gen_subset", "split_tokens", "train_length", "lengths", "modes", "stride", "checkpoints")
-    return dict({k: report[k] for k in keep}, results=results)
+    stitched = {name: dict(positions.combine_curves(s["seeds"]), n=s["n"], from_lengths=s["from_lengths"])
+                for name, s in stitched_curves(report, windows, curves).items()}
+    return dict({k: report[k] for k in keep}, results=results, stitched=stitched)
 
 
 @cli

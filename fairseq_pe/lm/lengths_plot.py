@@ -134,8 +134,9 @@ def longest(curves: Dict[str, dict]) -> int:
 
 
 def plot_positions(positions: dict, path: str) -> None:
-    """``positions.png``: per mode, each system's mean loss (base 2) against the position in the window at its
-    longest evaluated length, in geometric bins (:data:`BINS_PER_OCTAVE` per octave), the seeds' sd as a band,
+    """``positions.png``: per mode, each system's mean loss (base 2) against the position in the window (non-overlapping
+    windows: the joined curve, :func:`fairseq_pe.lm.positions.stitch`; sliding ones: at its longest evaluated length),
+    in geometric bins (:data:`BINS_PER_OCTAVE` per octave), the seeds' sd as a band,
     the training length L marked (and, for sliding windows, the first position with the full context)."""
     from fairseq_pe.outputs import savefig
     from fairseq_pe.plotting import pyplot, system_styles
@@ -148,11 +149,12 @@ def plot_positions(positions: dict, path: str) -> None:
     fig, axes = plt.subplots(1, len(modes), figsize=(width, 4.2), squeeze=False)
     for ax, mode in zip(axes[0], modes):
         top = max((longest(cells[mode]) for cells in positions["results"].values()), default=0)
+        joined = mode == "nonoverlapping" and positions.get("stitched") is not None
         for system, cells in positions["results"].items():
             n = longest(cells[mode])
             if not n:
                 continue
-            b = binned(cells[mode][str(n)])
+            b = binned(positions["stitched"][system] if joined else cells[mode][str(n)])
             style = styles[system]
             ax.plot(b["x"], b["mean"], color=style["color"], linestyle=style["linestyle"], linewidth=1.2,
                     label=system + ("" if n == top else f" (N = {n})"))
@@ -172,7 +174,8 @@ def plot_positions(positions: dict, path: str) -> None:
         ax.set_xlabel(f"position in the window (tokens; geometric bins, {BINS_PER_OCTAVE} per octave)")
         ax.set_ylabel(f"mean loss, bits per token ({positions['gen_subset']})")
         ax.set_title(f"{MODE_TITLES[mode]}: loss by position, N = {top}"
-                     + ("" if mode == "nonoverlapping" else f", stride {positions['stride']}"), fontsize=10)
+                     + (", each position from the shortest N reaching it" if joined else
+                        "" if mode == "nonoverlapping" else f", stride {positions['stride']}"), fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
     _legend(fig, axes, layout)
     fig.tight_layout()

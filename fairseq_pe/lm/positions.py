@@ -22,6 +22,11 @@ token), and the split's first token from the end-of-sentence symbol.
 
 Every point is checked: the positions' token counts must sum to the split's tokens, and their losses, weighted by
 the counts, must give fairseq's printed "Loss (base 2)" (to its 4 decimals, or 1e-4 relative).
+
+The non-overlapping curves of one checkpoint are also joined into one (:func:`stitch`): positions N_{k-1}+1..N_k
+from the evaluation at N_k.  At N = 16 L a position holds split/N tokens (49 of a 50,263-token split at N = 1,024),
+and the tokens at one position differ from those at the next, so a single evaluation's curve is mostly the text's
+noise; the joined curve reads each position where it holds the most tokens.
 """
 
 import math
@@ -140,6 +145,22 @@ def combine_curves(curves: Sequence[Tuple[np.ndarray, np.ndarray]]) -> dict:
     sd = means.std(axis=0, ddof=1) if len(curves) > 1 else None
     return {"count": [int(c) for c in counts], "loss_base2": _listed(means.mean(axis=0)),
             "loss_base2_sd": None if sd is None else _listed(sd), "loss_base2_seeds": [_listed(m) for m in means]}
+
+
+def stitch(by_length: Sequence[Tuple[int, Tuple[np.ndarray, np.ndarray]]]) -> Tuple[np.ndarray, np.ndarray]:
+    """One checkpoint's non-overlapping curves ``[(N, (sums, counts)), ...]`` (N ascending) -> one curve over
+    positions 1..N_max: positions N_{k-1}+1..N_k from the evaluation at N_k.  A causal model scores the token at
+    position p of a window from the window's first p inputs alone, so its score there is the same computation in a
+    window of any N ≥ p (for an encoding that does not depend on the window's length, as none of the catalogue's
+    does); the evaluation at the shortest such N holds split/N tokens at p, the most of any."""
+    sums, counts, last = [], [], 0
+    for n, (s, c) in by_length:
+        if n <= last:
+            raise ValueError(f"lengths not ascending: {n} after {last}")
+        sums.append(s[last:n])
+        counts.append(c[last:n])
+        last = n
+    return np.concatenate(sums), np.concatenate(counts)
 
 
 def buckets(train_length: int, length: int) -> List[Tuple[int, int]]:
