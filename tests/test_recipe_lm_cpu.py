@@ -97,10 +97,12 @@ def _text_folder(root, documents=12, lines=60, seed=0):
 
 
 def test_an_interrupted_training_resumes_from_its_last_checkpoint_to_the_same_model(tmp_path):
-    """Killed after its first interval checkpoint, a rerun resumes that run (fairseq's restore: its data position,
-    Adam's state and the seed of each update) and ends with the parameters of a run never interrupted, its log
-    appended; a run whose command changed (MAX_UPDATE) starts again.  Catches: the directory removed before a rerun
-    (the log would have one start), the log overwritten, or the command check skipped (the changed run resumed)."""
+    """Killed after its first interval checkpoint (and its checkpoint_last.pt truncated, as a kill during fairseq's
+    copy leaves it), a rerun resumes from the interval checkpoint (fairseq's restore: its data position, Adam's
+    state and the seed of each update) and ends with the parameters of a run never interrupted, its log appended; a
+    run whose command changed (MAX_UPDATE) starts again.  Catches: the directory removed before a rerun (the log
+    would have one start), the log overwritten, the command check skipped (the changed run resumed), or the
+    truncated file resumed from (fairseq fails to load it)."""
     import signal
     import time
 
@@ -125,9 +127,12 @@ def test_an_interrupted_training_resumes_from_its_last_checkpoint_to_the_same_mo
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (run_log.parent / "train.done").exists(), "the run ended before it was interrupted"
+    # as if killed while fairseq copied its interval checkpoint to checkpoint_last.pt: a truncated file
+    last = run_log.parent / "checkpoint_last.pt"
+    last.write_bytes(last.read_bytes()[:1000])
     again = subprocess.run(["bash", RECIPE, str(cut)], env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "alibi seed 1: resuming from" in again.stderr
+    assert "alibi seed 1: resuming from" in again.stderr and "did not load: resuming from" in again.stderr
     log = run_log.read_text()
     assert log.count("fairseq_cli.train | task: ") == 2 and "Loaded checkpoint" in log  # two starts, one log
     assert "num_updates 24" in log

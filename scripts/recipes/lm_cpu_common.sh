@@ -22,7 +22,9 @@
 #                          updates (the loss at L against the tokens seen: fairseq-pe-lm-curves); SAVE_EVERY=N (default
 #                          0: at the end of an epoch) saves checkpoint_last.pt every N updates.  A run interrupted
 #                          before its train.done resumes from its checkpoint_last.pt (fairseq's own restore, its log
-#                          appended) when its command (WORK/runs/NAME-sSEED/train.cmd) is the same, else starts again
+#                          appended) when its command (WORK/runs/NAME-sSEED/train.cmd) is the same, else starts again;
+#                          a checkpoint_last.pt that does not load (killed while fairseq copied it) is replaced by the
+#                          newest interval checkpoint that does
 #   prepare_data           WORK/data: fairseq-pe-prepare-mono on the text folder DATA, whole documents held out, VOCAB
 #                          pieces (VALID_PERCENT and TEST_PERCENT, default 1); skipped while WORK/data/train.bin exists
 #   once_per_checkpoints WHAT RESULT_DIR RESULT LOG CMD...
@@ -94,6 +96,37 @@ prepare_data() {  # WORK/data from the text folder DATA, whole documents held ou
   [[ $DRY_RUN == 1 ]] || grep -E '^\[prepare-mono' "$WORK/logs/prepare.log" | sed -n '2,4p' >&2
 }
 
+_resumable() {  # _resumable DIR: DIR/checkpoint_last.pt loads (safely: no code of the file runs); else the newest interval
+  # checkpoint that loads takes its place (fairseq writes that one atomically, then copies it to checkpoint_last.pt:
+  # a run killed during the copy leaves a truncated checkpoint_last.pt); status 1 when none loads
+  PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$1" <<'PY'
+import glob, os, shutil, sys
+from fairseq_pe.safe_load import load
+
+folder = sys.argv[1]
+last = os.path.join(folder, "checkpoint_last.pt")
+
+
+def loads(path):
+    try:
+        load(path, "a checkpoint to resume from")
+        return True
+    except Exception:
+        return False
+
+
+if os.path.exists(last) and loads(last):
+    sys.exit(0)
+for path in sorted(glob.glob(os.path.join(folder, "checkpoint_*_*.pt")), key=os.path.getmtime, reverse=True):
+    if loads(path):
+        shutil.copyfile(path, last + ".part")
+        os.replace(last + ".part", last)
+        print(f"{last} did not load: resuming from {path}", file=sys.stderr)
+        sys.exit(0)
+sys.exit(1)
+PY
+}
+
 CHECKPOINTS=()
 train_systems() {
   local desc=$1 name seed dir pending=0; shift
@@ -108,7 +141,7 @@ train_systems() {
       local resume=0
       if [[ $DRY_RUN != 1 && -d $dir ]]; then  # interrupted: resumed where its command is the same, else again
         _train_command "$name" "$seed" "$dir" "$@"
-        if [[ -f $dir/checkpoint_last.pt && -f $dir/train.cmd && $(cat "$dir/train.cmd") == "$(printf '%q ' "${TRAIN_CMD[@]}")" ]]; then
+        if [[ -f $dir/train.cmd && $(cat "$dir/train.cmd") == "$(printf '%q ' "${TRAIN_CMD[@]}")" ]] && _resumable "$dir"; then
           resume=1
           log "$name seed $seed: resuming from $dir/checkpoint_last.pt"
         else
