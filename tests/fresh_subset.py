@@ -47,6 +47,7 @@ FRESH_SUBSET = {
                                     "test_data_prep_lm.py::test_prepare_wikitext_on_the_wikitext2_raw_files"],
     "fairseq-pe-lm-lengths": ["test_lm_tools.py::test_stock_model_that_skips_samples_is_an_error"],
     "fairseq-pe-counting": ["test_counting.py::test_counting_tool_end_to_end"],
+    "fairseq-pe-lm-curves": ["test_lm_curves.py::test_the_command_writes_its_table_json_and_picture"],
     "fairseq-pe-benchmark": [
         "test_benchmark_script.py::test_benchmark_script_encoder_memory_only_with_a_left_padded_batch"],
     "fairseq-pe-gpu-check": ["test_gpu_check.py::test_without_cuda_it_says_so_and_exits_0_and_it_checks_on_the_cpu"],
