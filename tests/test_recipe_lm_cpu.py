@@ -177,3 +177,36 @@ def test_the_context_scale_trains_the_pilots_size_and_evaluates_both_modes_and_s
     bad = subprocess.run(["bash", RECIPE, str(tmp_path / "work")], env=dict(env, SCALE="huge"), capture_output=True,
                          text=True, cwd=tmp_path)
     assert bad.returncode == 2 and "SCALE=huge" in bad.stderr
+
+
+PILOT = os.path.join(REPO, "scripts", "recipes", "lm-cpu-pilot.sh")
+
+
+def test_the_pilot_trains_each_size_and_reads_its_curves_and_positions(tmp_path):
+    """lm-cpu-pilot.sh: `none` and ALiBi at the three sizes (the medium one the small architecture at 192 dims), one
+    seed, validated every 250 updates; fairseq-pe-lm-curves over every log with `none` the reference, then the loss
+    by position of every last checkpoint at L and 4L; an unknown size is refused by name before anything runs.
+    Catches a size's flags lost (the medium run trained at 128 dims) or a run left out of the curves."""
+    env = dict(os.environ, DRY_RUN="1", PYTHON=sys.executable)
+    proc = subprocess.run(["bash", PILOT, str(tmp_path / "work")], env=env, capture_output=True, text=True,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    commands = [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ ")]
+    trains = [c for c in commands if c[0] == "fairseq-train"]
+    sizes = [(c[c.index("--arch") + 1], c[c.index("--decoder-embed-dim") + 1] if "--decoder-embed-dim" in c else None)
+             for c in trains]
+    assert sizes == [("transformer_lm_pe_tiny", None)] * 2 + [("transformer_lm_pe_small", None)] * 2 \
+        + [("transformer_lm_pe_small", "192")] * 2
+    assert all(c[c.index("--validate-interval-updates") + 1] == "250" and c[c.index("--seed") + 1] == "1"
+               for c in trains)
+    curves = next(c for c in commands if c[0] == "fairseq-pe-lm-curves")
+    runs = curves[curves.index("--run") + 1:curves.index("--reference")]
+    assert [r.split("=")[0] for r in runs] == [f"{s}/{n}" for s in ("tiny", "small", "medium") for n in ("none", "alibi")]
+    assert curves[curves.index("--reference") + 1] == "none"
+    lengths = next(c for c in commands if c[0] == "fairseq-pe-lm-lengths")
+    assert lengths[lengths.index("--multipliers") + 1:lengths.index("--modes")] == ["1", "4"]
+    assert len([a for a in lengths if a.endswith("checkpoint_last.pt")]) == 6
+    assert not (tmp_path / "work").exists()
+    bad = subprocess.run(["bash", PILOT, str(tmp_path / "work")], env=dict(env, SIZES="tiny huge"),
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 2 and "SIZES: unknown size 'huge'" in bad.stderr and not bad.stdout  # nothing printed

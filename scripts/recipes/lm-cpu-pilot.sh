@@ -13,6 +13,8 @@
 #    (0.002) after WARMUP (200), validated every VALIDATE_EVERY (250) updates: WORKDIR/SIZE/runs/NAME-sSEED.  JOBS runs
 #    at a time (2), THREADS threads each (1).  Interrupted runs resume (lm_cpu_common.sh).
 # 3. fairseq-pe-lm-curves over every run's log, `none` the reference: WORKDIR/curves/curves.{md,json,png}.
+# 4. fairseq-pe-lm-lengths on the test split at L and 4L, non-overlapping, every run's last checkpoint (named SIZE-SYSTEM):
+#    the loss by token position, whether the models use their context: WORKDIR/positions.
 # Time on the project's 2-core machine (two runs at a time, other work sharing it): docs/lm.md.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -39,9 +41,10 @@ PROG=lm-cpu-pilot.sh TAG=lm-pilot
 # shellcheck source=scripts/recipes/lm_cpu_common.sh
 source "$REPO/scripts/recipes/lm_cpu_common.sh"
 read_systems
+for size in $SIZES; do [[ $size =~ ^(tiny|small|medium)$ ]] || die "SIZES: unknown size '$size' (tiny, small, medium)"; done
 prepare_data
 
-RUNS=()
+RUNS=() POINTS=()
 TOP=$WORK
 for size in $SIZES; do
   case $size in
@@ -55,9 +58,17 @@ for size in $SIZES; do
   [[ $DRY_RUN == 1 || -e $WORK/data ]] || { mkdir -p "$WORK"; ln -s ../data "$WORK/data"; }
   CHECKPOINTS=()
   train_systems "$size, L=$L, $MAX_UPDATE updates" --tokens-per-sample "$L" --sample-break-mode none --log-interval 100
-  for name in $SYSTEMS; do RUNS+=("$size/$name=$WORK/runs/$name-s1/train.log"); done
+  for name in $SYSTEMS; do
+    RUNS+=("$size/$name=$WORK/runs/$name-s1/train.log")
+    POINTS+=("$size-$name=$WORK/runs/$name-s1/checkpoint_last.pt")
+  done
   WORK=$TOP
 done
 
 run "$WORK/logs/curves.log" fairseq-pe-lm-curves --run "${RUNS[@]}" --reference none --out "$WORK/curves" --force
 [[ $DRY_RUN == 1 ]] || { cat "$WORK/curves/curves.md"; log "wrote $WORK/curves/curves.{md,json,png}"; }
+# 4. whether the models use their context: the loss by token position on the test split at L and 4L, non-overlapping
+OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS run "$WORK/logs/positions.log" fairseq-pe-lm-lengths \
+  --data "$WORK/data" --gen-subset test --train-length "$L" --multipliers 1 4 --modes nonoverlapping \
+  --checkpoint "${POINTS[@]}" --eval-lm-args=--cpu --jobs "$JOBS" --out "$WORK/positions" --force
+[[ $DRY_RUN == 1 ]] || log "wrote $WORK/positions/lengths.{md,json,png} and positions.{json,png}"
