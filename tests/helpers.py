@@ -5,6 +5,7 @@ import contextlib
 import functools
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -408,3 +409,12 @@ def forked_run(cmd, stdout=None, stderr=None, text=None) -> subprocess.Completed
     by its name, which :func:`cli` finds on PATH (a path to the script would start a new interpreter)."""
     proc = cli(os.path.basename(cmd[0]), *cmd[1:], check=False)
     return subprocess.CompletedProcess(cmd, proc.returncode, proc.stdout + proc.stderr)
+
+
+def dry_run(recipe: str, tmp_path, **env):
+    """``bash RECIPE TMP/work`` with DRY_RUN=1 and this interpreter as PYTHON (and ``env``), in ``tmp_path``: the
+    process and the commands it printed (its ``+ `` lines), each split as the shell would."""
+    proc = subprocess.run(["bash", recipe, str(tmp_path / "work")], env=dict(os.environ, DRY_RUN="1",
+                                                                              PYTHON=sys.executable, **env),
+                          capture_output=True, text=True, cwd=tmp_path)
+    return proc, [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ ")]

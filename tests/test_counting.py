@@ -5,9 +5,6 @@ fairseq-validate, and the recipe scripts/recipes/lm-cpu-counting.sh."""
 import json
 import os
 import random
-import shlex
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -19,7 +16,7 @@ from fairseq_pe import systems as catalogue
 from fairseq_pe.criterions.answer_cross_entropy import AnswerCrossEntropyCriterion, answer_positions
 from fairseq_pe.lm import counting
 
-from helpers import ALL_ENCODINGS, PLUGIN, REPO, cli, dictionary, forked, optimizer_gradients, torchrun
+from helpers import ALL_ENCODINGS, PLUGIN, REPO, cli, dictionary, forked, optimizer_gradients, torchrun, dry_run
 
 RECIPE = os.path.join(REPO, "scripts", "recipes", "lm-cpu-counting.sh")
 
@@ -240,11 +237,8 @@ def test_recipe_commands_and_bad_systems(tmp_path):
     loss on whole programs, read by fairseq's own parser with the plugin; scoring on the three test splits."""
     from fairseq import options
 
-    env = dict(os.environ, DRY_RUN="1", PYTHON=sys.executable)
-    proc = subprocess.run(["bash", RECIPE, str(tmp_path / "work")], env=env, capture_output=True, text=True,
-                          cwd=tmp_path)
+    proc, commands = dry_run(RECIPE, tmp_path)
     assert proc.returncode == 0, proc.stderr
-    commands = [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ ")]
     trains = [c for c in commands if c[0] == "fairseq-train"]
     group = catalogue.group("lm-cpu-counting")
     assert len(trains) == 3 * len(group) == 21
@@ -261,8 +255,7 @@ def test_recipe_commands_and_bad_systems(tmp_path):
     assert [os.path.basename(p) for p in preprocess[preprocess.index("--testpref") + 1].split(",")] == [
         "test-1x.txt", "test-2x.txt", "test-4x.txt", "test-1x-small.txt", "test-2x-small.txt", "test-4x-small.txt"]
     assert not (tmp_path / "work").exists()
-    bad = subprocess.run(["bash", RECIPE, str(tmp_path / "work")], env=dict(env, SYSTEMS="cope nosuch"),
-                         capture_output=True, text=True, cwd=tmp_path)
+    bad, _ = dry_run(RECIPE, tmp_path, SYSTEMS="cope nosuch")
     assert bad.returncode == 2 and "SYSTEMS: unknown system 'nosuch'" in bad.stderr
 
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from fairseq_pe import systems as catalogue
-from helpers import REPO, cli, shared_data
+from helpers import REPO, cli, shared_data, dry_run
 
 RECIPE = os.path.join(REPO, "scripts", "recipes", "lm-cpu-extrapolation.sh")
 
@@ -52,11 +52,8 @@ def test_lm_cpu_recipe_smoke_and_resume(tmp_path):
 def test_lm_cpu_recipe_quick_subset_and_bad_systems(tmp_path):
     """QUICK=1: the catalogue's lm-wiki103 systems (the GPU recipe's) with their catalogue flags, one seed, L = 64,
     evaluated at 1..32L, non-overlapping, two checkpoints at a time; an unknown system is refused by name before anything runs."""
-    env = dict(os.environ, DRY_RUN="1", QUICK="1", PYTHON=sys.executable)
-    proc = subprocess.run(["bash", RECIPE, str(tmp_path / "work")], env=env, capture_output=True, text=True,
-                          cwd=tmp_path)
+    proc, commands = dry_run(RECIPE, tmp_path, QUICK="1")
     assert proc.returncode == 0, proc.stderr
-    commands = [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ ")]
     trains = [c for c in commands if c[0] == "fairseq-train"]
     quick = catalogue.group("lm-wiki103")
     assert len(trains) == len(quick) == 5
@@ -70,12 +67,10 @@ def test_lm_cpu_recipe_quick_subset_and_bad_systems(tmp_path):
     assert [a.split("=")[0] for a in lengths[lengths.index("--checkpoint") + 1:]
             if "=" in a and a.endswith(".pt")] == list(quick)
     assert not (tmp_path / "work").exists()
-    bad = subprocess.run(["bash", RECIPE, str(tmp_path / "work")], env=dict(env, SYSTEMS="alibi nosuch"),
-                         capture_output=True, text=True, cwd=tmp_path)
+    bad, _ = dry_run(RECIPE, tmp_path, QUICK="1", SYSTEMS="alibi nosuch")
     assert bad.returncode == 2 and "SYSTEMS: unknown system 'nosuch'" in bad.stderr
     # FoPE's training length is the recipe's L, not the catalogue's 37 (the captions')
-    fope = subprocess.run(["bash", RECIPE, str(tmp_path / "work")], env=dict(env, SYSTEMS="fope", L="48"),
-                          capture_output=True, text=True, cwd=tmp_path)
+    fope, _ = dry_run(RECIPE, tmp_path, QUICK="1", SYSTEMS="fope", L="48")
     assert fope.returncode == 0, fope.stderr
     train = next(shlex.split(line[2:]) for line in fope.stdout.splitlines() if line.startswith("+ fairseq-train"))
     assert train[train.index("--pe-fope-train-length") + 1] == "48" and train.count("--pe-fope-train-length") == 1
@@ -154,11 +149,8 @@ def test_the_context_scale_trains_the_pilots_size_and_evaluates_both_modes_and_s
     updates of 2,048 tokens, validated and saved every 250 updates; evaluated at 1-16 x L in both modes, then with
     ALiBi's stride 1 at L.  Catches a preset that drops one of these (e.g. the saves an interrupted run resumes
     from)."""
-    env = dict(os.environ, DRY_RUN="1", SCALE="context", PYTHON=sys.executable)
-    proc = subprocess.run(["bash", RECIPE, str(tmp_path / "work")], env=env, capture_output=True, text=True,
-                          cwd=tmp_path)
+    proc, commands = dry_run(RECIPE, tmp_path, SCALE="context")
     assert proc.returncode == 0, proc.stderr
-    commands = [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ ")]
     trains = [c for c in commands if c[0] == "fairseq-train"]
     systems = catalogue.group("lm-context")
     assert len(trains) == 3 * len(systems) and "fire-dape" in systems and "floater-bias" in systems
@@ -174,8 +166,7 @@ def test_the_context_scale_trains_the_pilots_size_and_evaluates_both_modes_and_s
     assert first[first.index("--multipliers") + 1:first.index("--modes")] == ["1", "2", "4", "8", "16"]
     assert stride_one[stride_one.index("--stride") + 1] == "1" and stride_one[stride_one.index("--modes") + 1] == "sliding"
     assert stride_one[stride_one.index("--out") + 1].endswith("/lengths-stride1")
-    bad = subprocess.run(["bash", RECIPE, str(tmp_path / "work")], env=dict(env, SCALE="huge"), capture_output=True,
-                         text=True, cwd=tmp_path)
+    bad, _ = dry_run(RECIPE, tmp_path, SCALE="huge")
     assert bad.returncode == 2 and "SCALE=huge" in bad.stderr
 
 
@@ -187,11 +178,8 @@ def test_the_pilot_trains_each_size_and_reads_its_curves_and_positions(tmp_path)
     seed, validated every 250 updates; fairseq-pe-lm-curves over every log with `none` the reference, then the loss
     by position of every last checkpoint at L and 4L; an unknown size is refused by name before anything runs.
     Catches a size's flags lost (the medium run trained at 128 dims) or a run left out of the curves."""
-    env = dict(os.environ, DRY_RUN="1", PYTHON=sys.executable)
-    proc = subprocess.run(["bash", PILOT, str(tmp_path / "work")], env=env, capture_output=True, text=True,
-                          cwd=tmp_path)
+    proc, commands = dry_run(PILOT, tmp_path)
     assert proc.returncode == 0, proc.stderr
-    commands = [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ ")]
     trains = [c for c in commands if c[0] == "fairseq-train"]
     sizes = [(c[c.index("--arch") + 1], c[c.index("--decoder-embed-dim") + 1] if "--decoder-embed-dim" in c else None)
              for c in trains]
@@ -207,6 +195,5 @@ def test_the_pilot_trains_each_size_and_reads_its_curves_and_positions(tmp_path)
     assert lengths[lengths.index("--multipliers") + 1:lengths.index("--modes")] == ["1", "4"]
     assert len([a for a in lengths if a.endswith("checkpoint_last.pt")]) == 6
     assert not (tmp_path / "work").exists()
-    bad = subprocess.run(["bash", PILOT, str(tmp_path / "work")], env=dict(env, SIZES="tiny huge"),
-                         capture_output=True, text=True, cwd=tmp_path)
+    bad, _ = dry_run(PILOT, tmp_path, SIZES="tiny huge")
     assert bad.returncode == 2 and "SIZES: unknown size 'huge'" in bad.stderr and not bad.stdout  # nothing printed
