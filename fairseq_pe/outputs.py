@@ -15,6 +15,7 @@ The checks raise :class:`~fairseq_pe.errors.UserError` naming the option to chan
 """
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -201,3 +202,12 @@ def train_sentencepiece(prefix: str, **options) -> str:
     os.replace(part + ".vocab", prefix + ".vocab")
     os.replace(part + ".model", prefix + ".model")
     return prefix + ".model"
+
+
+def file_digest(path: str, algorithm: str = "sha1") -> str:
+    """The hex digest of a file's bytes (hashlib's ``algorithm``), read a MiB at a time."""
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

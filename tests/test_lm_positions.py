@@ -257,6 +257,14 @@ def test_the_joined_curve_reads_each_position_from_the_shortest_window_reaching_
                                                                                        (9, 16))]
     assert "read from the evaluation at N_k" in (tmp_path / "out" / "lengths.md").read_text()
 
+    # the same evaluation resumed: every run read back from out/runs (none spawned), the same files written
+    before = {name: (tmp_path / "out" / name).read_text() for name in ("lengths.md", "positions.json")}
+    monkeypatch.setattr(ex, "run_logged", lambda *a, **k: pytest.fail("a recorded run ran again"))
+    assert exit_status(ex.main, ["--data", str(lm_data), "--train-length", "8", "--multipliers", "1", "2", "--modes",
+                                 "nonoverlapping", "--checkpoint", f"alibi={alibi}", "--out", str(tmp_path / "out"),
+                                 "--resume", "--force"]) == 0
+    assert {name: (tmp_path / "out" / name).read_text() for name in before} == before
+
 
 def test_options_that_would_move_the_scores_are_refused(capsys):
     base = ["--checkpoint", "a=b", "--data", "d", "--train-length", "16", "--out", "o"]

@@ -284,3 +284,64 @@ def test_jobs_evaluate_checkpoints_in_parallel_with_the_same_results(tmp_path, m
     with pytest.raises(UserError, match="broken"):
         report(4, "broken")
     assert len(calls) <= 4 * 3  # the others stopped at their next window (else 5 + 5 + 3 + 2 = 15)
+
+
+def test_an_interrupted_evaluation_resumes_from_its_run_records(tmp_path, monkeypatch):
+    """An evaluation stopped by an error after some runs: ``--resume`` reads the finished runs back from
+    ``--out/runs`` (their curves as the same float64 and int64 arrays) and runs only the rest, and the report is that
+    of one uninterrupted evaluation.  Without ``--resume`` everything runs again; a checkpoint whose contents
+    changed, or another --max-tokens, runs again even with it.  Catches a key without the checkpoint's hash or the
+    options, a reuse without --resume, and a record whose curve comes back as other values or types."""
+    calls, fail_at = [], []
+
+    def fake_point(args, path, T, C, expected, log_path, where):
+        if (os.path.basename(path), T, C) in fail_at:
+            raise UserError(f"{where}: interrupted")
+        calls.append((os.path.basename(path), T, C))
+        if "learned" in path and T > L:
+            return {"refused": "--tokens-per-sample past the table", "seconds": 0.0}
+        counts = np.zeros(T, dtype=np.int64)
+        for start, size in positions.blocks(82, T, C):
+            counts[start:start + size] += 1
+        sums = counts * (3.0 + T / 7 + len(open(path).read()) / 3)  # not a short binary fraction: round trips tested
+        return {"perplexity": 2 ** (sums.sum() / 82), "loss_base2": sums.sum() / 82, "tokens": 82,
+                "seconds": 0.1 * T, "curve": (sums, counts)}
+
+    monkeypatch.setattr(ex, "run_point", fake_point)
+    monkeypatch.setattr(ex, "split_tokens", lambda data, subset: 82)
+    for name, text in (("alibi-1", "a"), ("alibi-2", "bb"), ("learned", "c")):
+        (tmp_path / f"{name}.pt").write_text(text)
+    checkpoints = [f"alibi={tmp_path / 'alibi-1.pt'}", f"alibi={tmp_path / 'alibi-2.pt'}",
+                   f"ape-learned={tmp_path / 'learned.pt'}"]
+
+    def report(out, *extra):
+        calls.clear()
+        argv = ["--data", str(tmp_path), "--train-length", str(L), "--multipliers", "1", "2", "4",
+                "--checkpoint", *checkpoints, "--out", str(tmp_path / out), *extra]
+        return ex.evaluate(ex.parse_args(argv))
+
+    whole = report("whole")
+    all_runs = list(calls)
+    assert len(all_runs) == 12
+    fail_at.append(("alibi-2.pt", 2 * L, 0))
+    with pytest.raises(UserError, match="interrupted"):
+        report("cut")
+    done_before = list(calls)
+    assert not (tmp_path / "cut" / "lengths.json").exists() and len(os.listdir(tmp_path / "cut" / "runs")) == 6
+    fail_at.clear()
+    resumed = report("cut", "--resume")
+    assert sorted(calls) == sorted(set(all_runs) - set(done_before))  # only what had not run
+    assert resumed["results"] == whole["results"] and resumed["runs"] == whole["runs"]
+    assert resumed["seconds"] == whole["seconds"]  # the recorded runs keep the seconds measured then
+    for name in ("positions.json", "lengths.md"):
+        assert (tmp_path / "cut" / name).read_text() == (tmp_path / "whole" / name).read_text()
+
+    with pytest.raises(UserError, match="--force"):
+        report("cut", "--resume")  # its outputs exist now: replacing them is asked for with --force
+    report("cut", "--force")
+    assert sorted(calls) == sorted(all_runs)  # no --resume: every run runs
+    (tmp_path / "learned.pt").write_text("another checkpoint")
+    report("cut", "--force", "--resume")
+    assert sorted(calls) == [("learned.pt", L, 0), ("learned.pt", 2 * L, 0)]  # its 2 runs; the refusal skips 4 more
+    report("cut", "--force", "--resume", "--max-tokens", "4096")
+    assert sorted(calls) == sorted(all_runs)

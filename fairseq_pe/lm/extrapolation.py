@@ -58,7 +58,12 @@ earlier result without ``--force``:
 * ``positions.png``: per mode, the loss against the position in the window at each system's longest evaluated
   length, in geometric bins, the seeds' spread as a band, L marked;
 * ``logs/``: each fairseq-eval-lm run's output, rewritten by the next run (without its word-probability lines
-  when the split has more than 50,000 tokens).
+  when the split has more than 50,000 tokens);
+* ``runs/``: each run's result as it finishes (its perplexity, seconds and loss by position, or its refusal), with
+  what it was computed from: the fairseq-eval-lm options and the checkpoint's SHA-256.  ``--resume`` continues an
+  interrupted evaluation in the same ``--out``: a run whose record matches is read back instead of run again (its
+  seconds are the ones measured then), every other one runs.  Without ``--resume`` every run runs, and its record
+  is rewritten.
 
 ``--jobs J`` evaluates J checkpoints at a time (each one's windows in order, shorter first; the report is the same
 as one at a time).  ``--max-tokens M``: batches of max(1, M // N) windows of N tokens, context included (fairseq's
@@ -254,6 +259,50 @@ def run_point(args, checkpoint: str, tokens_per_sample: int, context: int, expec
             "seconds": round(seconds, 1), "curve": curve}
 
 
+RECORD_FORMAT = 1  # a run record's layout (runs/*.json): a record of another format is not reused
+
+
+def record_key(args: argparse.Namespace, checkpoint: str, checkpoint_sha256: str, tokens_per_sample: int,
+               context: int, expected: int) -> dict:
+    """What a run's result depends on: fairseq-eval-lm's arguments (the executable left out: another
+    environment's is the same tool), the checkpoint's contents and the split's size."""
+    return {"format": RECORD_FORMAT, "eval_lm": eval_lm_command(args, checkpoint, tokens_per_sample, context)[1:],
+            "checkpoint_sha256": checkpoint_sha256, "split_tokens": expected}
+
+
+def write_record(path: str, key: dict, run: dict) -> None:
+    """A finished run's record (atomically): ``{"key", "run"}``, its curve as lists."""
+    from fairseq_pe.outputs import write_json
+
+    saved = dict(run)
+    if "curve" in saved:
+        sums, counts = saved["curve"]
+        saved["curve"] = {"sums": sums.tolist(), "counts": counts.tolist()}
+    write_json(path, {"key": key, "run": saved}, indent=None)
+
+
+def read_record(path: str, key: dict) -> Optional[dict]:
+    """The run recorded at ``path`` when its key is ``key`` (its curve as arrays again, the same floats), else None:
+    no record, an unreadable one (a run interrupted while writing is never one: records are written atomically),
+    or one of another checkpoint or other options."""
+    import json
+
+    import numpy as np
+
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("key") != key or not isinstance(record.get("run"), dict):
+        return None
+    run = record["run"]
+    if "curve" in run:
+        run["curve"] = (np.asarray(run["curve"]["sums"], dtype=np.float64),
+                        np.asarray(run["curve"]["counts"], dtype=np.int64))
+    return run
+
+
 def combine(runs: Sequence[dict]) -> dict:
     """The seeds of one system at one point -> one cell: mean ± sample sd and every seed's values; refused
     when any seed was refused (the first reason)."""
@@ -439,6 +488,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         "with OMP_NUM_THREADS)")
     p.add_argument("--out", required=True, help="output folder: lengths.{md,json,png}, positions.{json,png}, logs/")
     p.add_argument("--force", action="store_true", help="replace the files of an earlier run in --out")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted evaluation in --out: reuse the runs recorded in --out/runs whose "
+                        "checkpoint (its SHA-256) and options are the same; run the rest")
     args = p.parse_args(argv)
     if args.train_length < 1:
         p.error("--train-length must be positive")
@@ -478,7 +530,7 @@ def breaking_option(options: List[str], sliding: bool) -> Optional[str]:
 
 
 def evaluate(args: argparse.Namespace) -> dict:
-    from fairseq_pe.outputs import check_new_files, write_json, write_text
+    from fairseq_pe.outputs import check_new_files, file_digest, write_json, write_text
 
     checkpoints = parse_checkpoints(args.checkpoint)
     lengths = [args.train_length * m for m in args.multipliers]
@@ -488,7 +540,8 @@ def evaluate(args: argparse.Namespace) -> dict:
     out = os.path.abspath(args.out)
     check_new_files([os.path.join(out, name) for name in OUTPUTS], args.force, flag="--out", where=args.out)
     expected = split_tokens(args.data, args.gen_subset)
-    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
+    for folder in ("logs", "runs"):
+        os.makedirs(os.path.join(out, folder), exist_ok=True)
     runs: Dict[Tuple[str, int, int], dict] = {}  # (checkpoint, T, C) -> run: the same command runs once
     todo = sorted({(path, *windows[key]) for paths in checkpoints.values() for path in paths for key in windows},
                   key=lambda k: (k[0], k[1], k[2]))  # per checkpoint, shorter windows first
@@ -508,24 +561,33 @@ def evaluate(args: argparse.Namespace) -> dict:
         name, seed = names[path]
         refused_at: Optional[Tuple[int, str]] = None  # the shortest window refused and why
         mine = {}
+        sha256 = file_digest(path, "sha256")
         for T, C in points[path]:
             if stop.is_set():
                 break
             where = f"--checkpoint {name}={path} at --tokens-per-sample {T} --context-window {C}"
-            log_path = os.path.join(out, "logs", re.sub(r"[^\w.+-]", "_", name) + f"-{seed + 1}-T{T}-C{C}.log")
+            stem = re.sub(r"[^\w.+-]", "_", name) + f"-{seed + 1}-T{T}-C{C}"
+            log_path = os.path.join(out, "logs", stem + ".log")
+            record_path, key = os.path.join(out, "runs", stem + ".json"), record_key(args, path, sha256, T, C, expected)
+            reused = None
             if refused_at is not None and T >= refused_at[0]:
                 run = {"refused": f"not run: refused at N = {refused_at[0]} already ({refused_at[1]})",
                        "seconds": 0.0}
             else:
-                run = run_point(args, path, T, C, expected, log_path, where)
+                reused = read_record(record_path, key) if args.resume else None
+                run = reused if reused is not None else run_point(args, path, T, C, expected, log_path, where)
+                if reused is None:
+                    write_record(record_path, key, run)
                 if "refused" in run:
                     refused_at = (T, run["refused"])
             mine[(path, T, C)] = run
             result = (f"refused: {run['refused']}" if "refused" in run else
                       f"perplexity {run['perplexity']:.2f} over {run['tokens']:,} tokens")
+            took = (f"{run['seconds']:.1f} s" if reused is None else
+                    f"recorded in {os.path.relpath(record_path, out)}, {run['seconds']:.1f} s then")
             with lock:
                 log(f"[{next(done)}/{len(todo)}] {name} (checkpoint {seed + 1} of {len(checkpoints[name])}) N = {T}, "
-                    f"context {C}: {result} ({run['seconds']:.1f} s)")
+                    f"context {C}: {result} ({took})")
         return mine
 
     # checkpoints in parallel (--jobs), each one's windows in order; the first error stops the others at their next
@@ -552,9 +614,10 @@ def evaluate(args: argparse.Namespace) -> dict:
               "runs": {f"{path} T={T} C={C}": run for (path, T, C), run in runs.items()}}
     report["diverging"] = {"ratio": lengths_plot.DIVERGING_RATIO,
                            "systems": {mode: lengths_plot.diverging(report, mode) for mode in args.modes}}
-    add_stitched(report, stitched_curves(report, windows, curves))
+    stitched = stitched_curves(report, windows, curves)
+    add_stitched(report, stitched)
     write_json(os.path.join(out, "lengths.json"), report)
-    positions = positions_report(report, windows, curves)
+    positions = positions_report(report, windows, curves, stitched)
     write_json(os.path.join(out, "positions.json"), positions, indent=None)
     table = markdown(report)
     write_text(os.path.join(out, "lengths.md"), table)
@@ -617,9 +680,10 @@ def add_stitched(report: dict, stitched: Dict[str, dict]) -> None:
                           for name, s in stitched.items()}
 
 
-def positions_report(report: dict, windows: Windows, curves: Dict[Run, tuple]) -> dict:
+def positions_report(report: dict, windows: Windows, curves: Dict[Run, tuple], stitched: Dict[str, dict]) -> dict:
     """``positions.json``: the loss by window position of every system, mode and length
-    (:func:`fairseq_pe.lm.positions.combine_curves`: lists over positions 1..N), or the refusal."""
+    (:func:`fairseq_pe.lm.positions.combine_curves`: lists over positions 1..N), or the refusal; the joined
+    non-overlapping curves (``stitched``, :func:`stitched_curves`)."""
     from fairseq_pe.lm import positions
 
     results = {name: {mode: {str(n): ({"refused": cells[mode][str(n)]["refused"]} if "refused" in cells[mode][str(n)]
@@ -629,7 +693,7 @@ def positions_report(report: dict, windows: Windows, curves: Dict[Run, tuple]) -
                for name, cells in report["results"].items()}
     keep = ("data", "gen_subset", "split_tokens", "train_length", "lengths", "modes", "stride", "checkpoints")
     stitched = {name: dict(positions.combine_curves(s["seeds"]), n=s["n"], from_lengths=s["from_lengths"])
-                for name, s in stitched_curves(report, windows, curves).items()}
+                for name, s in stitched.items()}
     return dict({k: report[k] for k in keep}, results=results, stitched=stitched)
 
 

@@ -42,9 +42,10 @@
 # machine the recipe's 18 systems before issue 43 (x 3 seeds = 54 runs) take about 1.5 h of training and under an hour
 # of evaluation (the group has 24 since: the encodings of 2024-2025); QUICK=1 (5 runs, one seed) about 10-15 min in all.  The results of the full recipe, 3 seeds: docs/results.md.
 # A re-run resumes: finished runs (their train.done) are skipped, an interrupted one continues from its last
-# checkpoint_last.pt while its command is the same (SAVE_EVERY sets how often it is saved), and the evaluation is
-# skipped while the checkpoints it was run on (lengths/checkpoints.txt) are the same; delete WORKDIR/runs/NAME-sSEED
-# to redo one.
+# checkpoint_last.pt while its command is the same (SAVE_EVERY sets how often it is saved), the evaluation is
+# skipped while the checkpoints it was run on (lengths/checkpoints.txt) are the same, and an interrupted evaluation
+# reruns only the fairseq-eval-lm runs it had not finished (fairseq-pe-lm-lengths --resume: lengths/runs/); delete
+# WORKDIR/runs/NAME-sSEED to redo one.
 # Environment: SCALE, DATA, L, VOCAB, VALID_PERCENT, TEST_PERCENT, ARCH, ARCH_ARGS, SYSTEMS, SEEDS, QUICK, MAX_UPDATE,
 # MAX_TOKENS, LR, WARMUP, VALIDATE_EVERY, SAVE_EVERY, JOBS, THREADS, MULTIPLIERS, MODES, STRIDE (sliding windows' scored
 # tokens; default L), STRIDE_ONE, PYTHON (python: reads the catalogue), DRY_RUN=1 (print the commands).
@@ -112,7 +113,7 @@ STRIDE_ARGS=()
 OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS once_per_checkpoints evaluated "$WORK/lengths" lengths.json \
   "$WORK/logs/lengths.log" fairseq-pe-lm-lengths --data "$WORK/data" --gen-subset test --train-length "$L" \
   --multipliers $MULTIPLIERS --modes $MODES ${STRIDE_ARGS[@]+"${STRIDE_ARGS[@]}"} --checkpoint "${CHECKPOINTS[@]}" \
-  --eval-lm-args=--cpu --jobs "$JOBS" --out "$WORK/lengths" --force
+  --eval-lm-args=--cpu --jobs "$JOBS" --out "$WORK/lengths" --force --resume
 [[ $DRY_RUN == 1 ]] || { cat "$WORK/lengths/lengths.md"; log "wrote $WORK/lengths/lengths.{md,json,png} and positions.{json,png}"; }
 
 # ---- 4. ALiBi's sliding evaluation at L (its Analysis and Table 7; --context-window L-1 in fairseq's terms: windows of
@@ -122,6 +123,6 @@ if [[ $STRIDE_ONE == 1 ]]; then
   OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS once_per_checkpoints "evaluated with stride 1" \
     "$WORK/lengths-stride1" lengths.json "$WORK/logs/lengths-stride1.log" fairseq-pe-lm-lengths --data "$WORK/data" \
     --gen-subset test --train-length "$L" --multipliers 1 --modes sliding --stride 1 --checkpoint "${CHECKPOINTS[@]}" \
-    --eval-lm-args=--cpu --jobs "$JOBS" --out "$WORK/lengths-stride1" --force
+    --eval-lm-args=--cpu --jobs "$JOBS" --out "$WORK/lengths-stride1" --force --resume
   [[ $DRY_RUN == 1 ]] || log "wrote $WORK/lengths-stride1/lengths.{md,json,png} and positions.{json,png}"
 fi

@@ -116,6 +116,6 @@ for L in $LENGTHS; do
   step "$OUT_ROOT/L$L/lengths.done" fairseq-pe-lm-lengths --data "$DATA" --gen-subset test --train-length "$L" \
     --multipliers $MULTIPLIERS --modes nonoverlapping sliding --stride "${STRIDE:-$L}" \
     --max-tokens "$EVAL_MAX_TOKENS" ${DEVICE[0]:+"--eval-lm-args=${DEVICE[*]}"} \
-    --checkpoint "${checkpoints[@]}" --out "$OUT_ROOT/L$L/lengths" --force
+    --checkpoint "${checkpoints[@]}" --out "$OUT_ROOT/L$L/lengths" --force --resume
 done
 echo "results: $OUT_ROOT/L*/lengths/lengths.{md,json,png}"

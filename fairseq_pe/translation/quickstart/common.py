@@ -1,7 +1,6 @@
 """What every stage of ``fairseq-pe-quickstart`` shares: the systems it knows, its work dir's names, running a
 command with its log, small file helpers."""
 
-import hashlib
 import json
 import os
 import shutil
@@ -86,15 +85,6 @@ def copy_input(src: str, dst: str):
         return
     with atomic_path(dst) as tmp:
         shutil.copyfile(src, tmp)
-
-
-def file_digest(path: str) -> str:
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
 
 
 def read_json(path: str) -> Optional[dict]:

@@ -7,9 +7,9 @@ import shutil
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq_pe.errors import UserError
-from fairseq_pe.outputs import same_file
+from fairseq_pe.outputs import file_digest, same_file
 from fairseq_pe.translation.bleu import bucket_label
-from fairseq_pe.translation.quickstart.common import WARM_STARTED, WORK_ENTRIES, WORK_MARKER, file_digest, log, read_json
+from fairseq_pe.translation.quickstart.common import WARM_STARTED, WORK_ENTRIES, WORK_MARKER, log, read_json
 
 
 def data_config(args) -> dict:
