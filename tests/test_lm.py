@@ -331,7 +331,10 @@ def test_long_evaluation_of_the_language_model_is_linear_in_memory(name, monkeyp
     (["--tokens-per-sample", "-5"], "--tokens-per-sample must be at least 1, got -5"),
     (["--tokens-per-sample", "8", "--context-window", "8"], "--context-window 8 must be smaller than "
                                                             "--tokens-per-sample 8"),
-    (["--tokens-per-sample", "16", "--max-tokens", "1"], "--max-tokens 1 cannot hold one window of 16 tokens"),
+    (["--tokens-per-sample", "16", "--max-tokens", "1"], "--max-tokens 1 cannot hold one window's 16 scored tokens "
+                                                         "(--tokens-per-sample): give at least 16"),
+    (["--tokens-per-sample", "16", "--context-window", "12", "--max-tokens", "3"],
+     "--max-tokens 3 cannot hold one window's 4 scored tokens (--tokens-per-sample 16 − --context-window 12"),
     (["--gen-subset", "nosuch"], "--gen-subset nosuch: no such split in"),
     # a sentence kept whole is longer than a batch: fairseq's Cython assertion before (fairseq-eval-lm's default
     # --max-tokens, 36000, against a longer sentence, here 8 against the corpus's 5-15 tokens)
@@ -345,6 +348,17 @@ def test_eval_lm_options_that_cannot_evaluate_are_one_line(lm_data, flags, messa
     proc = eval_lm(lm_data, checkpoint, *flags, check=False)
     assert_user_error(proc, "fairseq-eval-lm", message)
     assert "Perplexity" not in proc.stdout + proc.stderr
+
+
+def test_a_sliding_window_batch_is_counted_in_scored_tokens(lm_data):
+    """fairseq batches a sliding window by its scored tokens (``LMContextWindowDataset.num_tokens``): --max-tokens 8
+    holds two windows of 16 tokens scoring 4 each, and gives the perplexity of batches of 4096.  The check refused
+    it when it counted the context too (fairseq-pe-lm-lengths' windows of 16 L at --max-tokens 8192 recorded as
+    refused)."""
+    checkpoint = train_lm(lm_data, "alibi")
+    window = ("--tokens-per-sample", "16", "--context-window", "12")
+    small = perplexity(eval_lm(lm_data, checkpoint, *window, "--max-tokens", "8"))
+    assert small == perplexity(eval_lm(lm_data, checkpoint, *window))  # eval_lm's own --max-tokens 4096
 
 
 def test_complete_doc_says_which_tokens_it_leaves_out(lm_data, tmp_path):

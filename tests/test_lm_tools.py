@@ -63,6 +63,12 @@ def test_refusals_are_user_errors_past_the_training_length():
     assert ex.refusal(2, table, past_training_length=False) is None  # at L: the run is broken, not refused
     assert ex.refusal(1, named, past_training_length=True) is None  # a crash
     assert ex.refusal(2, "usage: fairseq-eval-lm [-h]\n" + named, past_training_length=True) is None  # bad option
+    # any other user error is the run's, past L too (a batch too small for a window was recorded as ALiBi's refusal)
+    batch = ("fairseq-eval-lm: error: --max-tokens 512 cannot hold one window's 1024 scored tokens "
+             "(--tokens-per-sample): give at least 1024\n")
+    assert ex.refusal(2, batch, past_training_length=True) is None
+    plus = "fairseq-eval-lm: error: evaluate with a --tokens-per-sample (plus --context-window) of at most 16 (x)\n"
+    assert ex.refusal(2, plus, past_training_length=True) == plus[len("fairseq-eval-lm: error: "):-1]
 
 
 def test_checkpoints_by_name_are_seeds(tmp_path):

@@ -104,6 +104,10 @@ _EVALUATED = re.compile(r"Evaluated ([\d,]+) tokens in")
 _LOSS = re.compile(r"Loss \(base 2\): ([-\d.naninf]+), Perplexity: ([-\d.naninf]+)")
 _INF_SKIPPED = "skipping tokens with inf scores"
 _ERROR_LINE = re.compile(r"^\S+: error: (.+)$", re.MULTILINE)
+#: a model's refusal of a length: transformer_lm_pe's limit (fairseq_pe/models/transformer_lm_pe.py), a learned
+#: table's missing row (fairseq_pe/positional)
+_LIMIT_REFUSAL = re.compile(r"evaluate with a --tokens-per-sample (?:\(plus --context-window\) )?of at most \d+")
+_TABLE_REFUSAL = re.compile(r"needs position \d+")
 
 
 def log(msg: str) -> None:
@@ -150,15 +154,18 @@ def parse_eval_lm(output: str) -> dict:
 
 
 def refusal(returncode: int, output: str, past_training_length: bool) -> Optional[str]:
-    """The reason of a refusal by name of a window longer than the training length: a user error (exit status 2,
-    ``fairseq-eval-lm: error: ...``, no usage line of a bad option) at N > L, or one naming
-    ``--tokens-per-sample`` (a learned table's: the size filter names it, the table itself names
-    ``--max-target-positions``); else None (an error of the whole run)."""
+    """The reason of a model's refusal by name of a window longer than it takes: a user error (exit status 2,
+    ``fairseq-eval-lm: error: ...``, no usage line of a bad option) that says so (:data:`_LENGTH_REFUSAL`: the
+    limit of ``transformer_lm_pe``, which names ``--tokens-per-sample``, at any N; a learned table's row, past L);
+    else None: any other error, past L too (a batch too small, a missing file), stops the run instead of standing
+    in the table as the encoding's."""
     errors = _ERROR_LINE.findall(output)
     if returncode != 2 or not errors or re.search(r"^usage: ", output, re.MULTILINE):
         return None
     reason = errors[-1].strip()
-    return reason if past_training_length or "--tokens-per-sample" in reason else None
+    if _LIMIT_REFUSAL.search(reason) or (past_training_length and _TABLE_REFUSAL.search(reason)):
+        return reason
+    return None
 
 
 def split_tokens(data: str, subset: str) -> int:

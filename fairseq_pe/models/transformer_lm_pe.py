@@ -129,10 +129,13 @@ class TransformerPELanguageModel(TransformerLanguageModel):
             raise UserError(f"--tokens-per-sample must be at least 1, got {scored}")
         dataset = getattr(cfg, "dataset", None)
         max_tokens = getattr(dataset, "max_tokens", None)
-        if isinstance(scored, int) and max_tokens is not None and max_tokens < scored + context:
-            raise UserError(f"--max-tokens {max_tokens} cannot hold one window of {scored + context} tokens "
-                            f"(--tokens-per-sample{' with --context-window' if context else ''}): give at least "
-                            f"{scored + context}")
+        # fairseq batches a sliding window by its scored tokens (LMContextWindowDataset.num_tokens is its block's):
+        # --max-tokens must hold those, the window's context comes on top
+        if isinstance(scored, int) and max_tokens is not None and max_tokens < scored:
+            raise UserError(f"--max-tokens {max_tokens} cannot hold one window's {scored} scored tokens ("
+                            + (f"--tokens-per-sample {scored + context} − --context-window {context}; fairseq counts "
+                               "a window's scored tokens, not its context" if context else "--tokens-per-sample")
+                            + f"): give at least {scored}")
         subset, data = getattr(dataset, "gen_subset", None), getattr(getattr(cfg, "task", None), "data", None)
         if subset and data:
             folder = utils.split_paths(data)[0]
