@@ -228,8 +228,12 @@ def test_the_wiki103_recipe_commands_parse(tmp_path):
         assert args.tokens_per_sample in (512, 1024) and args.max_tokens * args.update_freq[0] * 2 == 8 * 9216
         assert args.lr_scheduler == "cosine" and args.max_update == 286000 and args.criterion == "adaptive_loss"
     lengths = [ex.parse_args(c[1:]) for c in commands if c[0] == "fairseq-pe-lm-lengths"]
-    assert [a.train_length for a in lengths] == [512, 1024] and lengths[0].eval_lm_args == "--fp16"
+    assert [a.train_length for a in lengths] == [512, 512, 1024, 1024] and lengths[0].eval_lm_args == "--fp16"
     assert lengths[0].multipliers == [1, 2, 4, 8, 16] and lengths[0].modes == ["nonoverlapping", "sliding"]
+    # then ALiBi's own sliding evaluation at L: windows of L tokens, each scoring its last one
+    assert all(a.multipliers == [1] and a.modes == ["sliding"] and a.stride == 1 and a.resume
+               for a in lengths[1::2])
+    assert [a.out.endswith("lengths-stride1") for a in lengths] == [False, True, False, True]
     assert [c.split("=")[0] for c in lengths[1].checkpoint] == ["alibi", "ape-learned"]
 
 

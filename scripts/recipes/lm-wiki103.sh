@@ -14,7 +14,10 @@
 #   data      WikiText-103 from the raw release (fairseq-pe-prepare-wikitext: word-level, words seen fewer than 3
 #             times in train -> <unk>, WikiText's own vocabulary; ALiBi binarised the release with <unk> already in)
 #   eval      fairseq-pe-lm-lengths --gen-subset test at L x 1 2 4 8 16 (MULTIPLIERS), nonoverlapping and sliding
-#             with a stride of L (ALiBi's sliding evaluation scores one token a window: STRIDE=1, ~L times slower)
+#             with a stride of L (OUT_ROOT/L$L/lengths), then ALiBi's own sliding evaluation at L, windows of L
+#             tokens scoring one each (--stride 1, fairseq's --context-window L-1; L times a non-overlapping pass;
+#             OUT_ROOT/L$L/lengths-stride1; STRIDE_ONE=0 leaves it out): the measurements of the CPU run
+#             (docs/results.md), the loss by token position included
 #
 # Systems (runs in OUT_ROOT/L$L/NAME): the catalogue's group lm-wiki103 (fairseq_pe/systems.py): the encodings of
 # ALiBi's Figure 1 (sinusoidal, rotary, T5's bias, ALiBi) and KERPLE's logarithmic kernel; SYSTEMS="..." runs any
@@ -26,7 +29,7 @@
 #          LENGTHS=512 SYSTEMS="alibi rope" bash scripts/recipes/lm-wiki103.sh
 # Environment: DATA (the binarised data, default ./lm-data/wikitext-103), RAW_DIR (wiki.{train,valid,test}.raw or
 #   wikitext-103-raw-v1.zip; default: downloaded), OUT_ROOT (./lm-wiki103-runs), LENGTHS ("512 1024"),
-#   SYSTEMS, MULTIPLIERS ("1 2 4 8 16"), STRIDE (L), MAX_UPDATE (286000), MAX_TOKENS (9216 per GPU),
+#   SYSTEMS, MULTIPLIERS ("1 2 4 8 16"), STRIDE (L), STRIDE_ONE (1), MAX_UPDATE (286000), MAX_TOKENS (9216 per GPU),
 #   NUM_GPUS (visible GPUs), SEED (1), PRECISION (fp16; bf16 or fp32), TRAIN_EXTRA (more fairseq-train flags),
 #   EVAL_MAX_TOKENS (fairseq-eval-lm --max-tokens, raised to each N: 16384), DRY_RUN=1, ALLOW_CPU=1, PYTHON.
 #
@@ -35,7 +38,8 @@
 # L = 512, ≈ 10% more at 1024 (Baevski & Auli report 67 h on 8 V100 for their L = 3072 model); ≈ 45-90 h on
 # one H100 with bf16.  The default 5 systems × 2 lengths: ≈ 3,000-4,000 V100 GPU-hours, ≈ 450-900 H100-hours.
 # The evaluation: 5 lengths × 2 modes per model, each one pass over the 245k test tokens (sliding at stride L
-# reads N/L times more): < 1 GPU-hour per model.  Data preparation (CPU): ≈ 10-20 min.
+# reads N/L times more): < 1 GPU-hour per model; the stride-1 pass at L reads L × 245k tokens (126M at L = 512),
+# about as many as 1,700 training updates: ≈ 1-2 GPU-hours per model more.  Data preparation (CPU): ≈ 10-20 min.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PYTHON=${PYTHON:-python}
@@ -47,6 +51,7 @@ MAX_UPDATE=${MAX_UPDATE:-286000}
 MAX_TOKENS=${MAX_TOKENS:-9216}
 EVAL_MAX_TOKENS=${EVAL_MAX_TOKENS:-16384}
 SEED=${SEED:-1}
+STRIDE_ONE=${STRIDE_ONE:-1}
 PRECISION=${PRECISION:-fp16}
 DRY_RUN=${DRY_RUN:-0}
 PLUGIN=$REPO/fairseq_pe
@@ -117,5 +122,13 @@ for L in $LENGTHS; do
     --multipliers $MULTIPLIERS --modes nonoverlapping sliding --stride "${STRIDE:-$L}" \
     --max-tokens "$EVAL_MAX_TOKENS" ${DEVICE[0]:+"--eval-lm-args=${DEVICE[*]}"} \
     --checkpoint "${checkpoints[@]}" --out "$OUT_ROOT/L$L/lengths" --force --resume
+  # ALiBi's own sliding evaluation at L (its Appendix B and Table 7): windows of L tokens each scoring its last one
+  # (fairseq's --context-window L-1), L times the cost of a non-overlapping pass
+  if [[ $STRIDE_ONE == 1 ]]; then
+    step "$OUT_ROOT/L$L/lengths-stride1.done" fairseq-pe-lm-lengths --data "$DATA" --gen-subset test \
+      --train-length "$L" --multipliers 1 --modes sliding --stride 1 --max-tokens "$EVAL_MAX_TOKENS" \
+      ${DEVICE[0]:+"--eval-lm-args=${DEVICE[*]}"} --checkpoint "${checkpoints[@]}" \
+      --out "$OUT_ROOT/L$L/lengths-stride1" --force --resume
+  fi
 done
 echo "results: $OUT_ROOT/L*/lengths/lengths.{md,json,png}"
