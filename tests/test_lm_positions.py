@@ -97,6 +97,25 @@ def test_buckets_and_bins_cover_every_position_once():
     assert [(x["tokens"], x["loss_base2"]) for x in buckets] == [(3, 2.0), (3, 3.0)]
 
 
+def test_the_sliding_panel_shows_each_lengths_scored_positions_only():
+    """Sliding windows of N tokens scoring their last S: positions 1..N − S hold the split's first windows alone, one
+    token each (their context shorter), and are left out of the picture; a refused length is left out whole.
+    Catches the panel drawing a single run's every position (the split's first tokens as noise across 1..N − S)."""
+    def curve(n, stride, tokens):
+        counts = np.zeros(n, dtype=np.int64)
+        for start, size in positions.blocks(tokens, n, n - stride):
+            counts[start:start + size] += 1
+        return positions.combine_curves([(3.0 * counts, counts)])
+
+    cells = {"8": curve(8, 8, 65), "16": curve(16, 8, 65), "32": {"refused": "no"}}
+    segments = lengths_plot.scored_segments(cells, 8)
+    assert [n for n, _ in segments] == [8, 16]
+    assert segments[0][1]["count"] == cells["8"]["count"]  # N = S: every position scored
+    assert cells["16"]["count"][:8] == [1] * 8  # the first window's tokens, before the cut
+    assert segments[1][1]["count"] == [0] * 8 + cells["16"]["count"][8:] and sum(segments[1][1]["count"]) == 65 - 8
+    assert segments[1][1]["loss_base2"] == cells["16"]["loss_base2"]
+
+
 def relative_report(ratios):
     """A report of one length (1 x and 4 x L) per system with the given relative perplexities at 4 L."""
     def cell(ratio):

@@ -55,8 +55,9 @@ earlier result without ``--force``:
 * ``lengths.png`` (:mod:`fairseq_pe.lm.lengths_plot`): per mode, the perplexity against evaluation length (log2
   x) and the relative perplexity (linear y; a system past 1.5x at some length in a panel of its own, so that it
   does not flatten the others), one line per system in the colours of :mod:`fairseq_pe.plotting`;
-* ``positions.png``: per mode, the loss against the position in the window at each system's longest evaluated
-  length, in geometric bins, the seeds' spread as a band, L marked;
+* ``positions.png``: per mode, the loss against the position in the window, in geometric bins, the seeds' spread as
+  a band, L marked: non-overlapping windows the joined curve; sliding ones each length's scored positions,
+  N - S + 1..N (:func:`fairseq_pe.lm.lengths_plot.scored_segments`);
 * ``logs/``: each fairseq-eval-lm run's output, rewritten by the next run (without its word-probability lines
   when the split has more than 50,000 tokens);
 * ``runs/``: each run's result as it finishes (its perplexity, seconds and loss by position, or its refusal), with

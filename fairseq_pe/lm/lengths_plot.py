@@ -8,7 +8,7 @@ a panel of its own, "diverging", so that it does not flatten the others' curves;
 """
 
 import math
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from fairseq_pe.lm.positions import BINS_PER_OCTAVE, binned
 
@@ -133,11 +133,24 @@ def longest(curves: Dict[str, dict]) -> int:
     return max((int(n) for n, c in curves.items() if "refused" not in c), default=0)
 
 
+def scored_segments(curves: Dict[str, dict], stride: int) -> List[Tuple[int, dict]]:
+    """A system's sliding curves ``{N: curve}`` -> ``[(N, curve)]`` (N ascending, refusals left out), each holding
+    only the positions its windows score with their full context, N − stride + 1..N (the counts elsewhere zeroed):
+    the positions before hold the split's first windows alone, one token each, whose context is shorter."""
+    out = []
+    for n in sorted((int(k) for k, c in curves.items() if "refused" not in c)):
+        first = max(1, n - stride + 1)
+        curve = dict(curves[str(n)])
+        curve["count"] = [0] * (first - 1) + list(curve["count"][first - 1:])
+        out.append((n, curve))
+    return out
+
+
 def plot_positions(positions: dict, path: str) -> None:
     """``positions.png``: per mode, each system's mean loss (base 2) against the position in the window (non-overlapping
-    windows: the joined curve, :func:`fairseq_pe.lm.positions.stitch`; sliding ones: at its longest evaluated length),
-    in geometric bins (:data:`BINS_PER_OCTAVE` per octave), the seeds' sd as a band,
-    the training length L marked (and, for sliding windows, the first position with the full context)."""
+    windows: the joined curve, :func:`fairseq_pe.lm.positions.stitch`; sliding ones: every evaluated length's scored
+    positions, :func:`scored_segments`), in geometric bins (:data:`BINS_PER_OCTAVE` per octave), the seeds' sd as a
+    band, the training length L marked."""
     from fairseq_pe.outputs import savefig
     from fairseq_pe.plotting import pyplot, system_styles
 
@@ -154,28 +167,35 @@ def plot_positions(positions: dict, path: str) -> None:
             n = longest(cells[mode])
             if not n:
                 continue
-            b = binned(positions["stitched"][system] if joined else cells[mode][str(n)])
+            if joined:
+                segments = [(n, positions["stitched"][system])]
+            elif mode == "sliding":
+                segments = scored_segments(cells[mode], positions["stride"])
+            else:
+                segments = [(n, cells[mode][str(n)])]
             style = styles[system]
-            ax.plot(b["x"], b["mean"], color=style["color"], linestyle=style["linestyle"], linewidth=1.2,
-                    label=system + ("" if n == top else f" (N = {n})"))
-            if any(sd is not None for sd in b["sd"]):
-                sds = [sd or 0.0 for sd in b["sd"]]
-                ax.fill_between(b["x"], [m - s for m, s in zip(b["mean"], sds)],
-                                [m + s for m, s in zip(b["mean"], sds)], color=style["color"], alpha=0.18,
-                                linewidth=0)
+            for k, (_, curve) in enumerate(segments):
+                b = binned(curve)
+                ax.plot(b["x"], b["mean"], color=style["color"], linestyle=style["linestyle"], linewidth=1.2,
+                        marker="." if len(segments) > 1 else None, markersize=3,
+                        label=None if k else system + ("" if n == top else f" (to N = {n})"))
+                if any(sd is not None for sd in b["sd"]):
+                    sds = [sd or 0.0 for sd in b["sd"]]
+                    ax.fill_between(b["x"], [m - s for m, s in zip(b["mean"], sds)],
+                                    [m + s for m, s in zip(b["mean"], sds)], color=style["color"], alpha=0.18,
+                                    linewidth=0)
         ax.set_xscale("log", base=2)
         ticks = [2 ** k for k in range(max(1, top).bit_length())]
         ax.set_xticks(ticks)
         ax.set_xticklabels([str(t) for t in ticks])
         ax.axvline(L, color="0.4", linewidth=0.9, linestyle=":", label=f"L = {L}")
-        if mode == "sliding" and top > positions["stride"]:
-            ax.axvline(top - positions["stride"] + 1, color="0.6", linewidth=0.8, linestyle="--",
-                       label=f"full context from {top - positions['stride'] + 1}")
         ax.set_xlabel(f"position in the window (tokens; geometric bins, {BINS_PER_OCTAVE} per octave)")
         ax.set_ylabel(f"mean loss, bits per token ({positions['gen_subset']})")
         ax.set_title(f"{MODE_TITLES[mode]}: loss by position, N = {top}"
-                     + (", each position from the shortest N reaching it" if joined else
-                        "" if mode == "nonoverlapping" else f", stride {positions['stride']}"), fontsize=10)
+                     + ("\n(each position from the shortest N reaching it)" if joined else
+                        "" if mode == "nonoverlapping" else
+                        f"\n(stride {positions['stride']}: each N's scored tokens, N − {positions['stride'] - 1}..N)"),
+                     fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
     _legend(fig, axes, layout)
     fig.tight_layout()
