@@ -241,6 +241,8 @@ def test_loss_by_position_is_the_models_per_token_loss(lm_data, alibi, tmp_path,
     table = (tmp_path / "out" / "lengths.md").read_text()
     assert "| system | N | 1–2 | 3–4 | 5–6 | 7–8 | 9–16 |" in table and "| tokens | 16 | " in table
     assert "Time: " in table and "Perplexity relative to the same checkpoint's at N = 8" in table
+    assert "Sliding windows score positions N − 2..N of each window" in table  # no buckets of the first windows
+    assert table.count("| system | N | 1–2 |") == 1
     assert (tmp_path / "out" / "positions.png").stat().st_size > 10_000
     assert "w1 [" in (tmp_path / "out" / "logs" / "alibi-1-T16-C13.log").read_text()  # 65 tokens: kept in the log
 

@@ -42,7 +42,7 @@ earlier result without ``--force``:
 
 * ``lengths.md``: per mode, the perplexity (rows systems, columns lengths; every seed's), the perplexity relative
   to the same checkpoint's at the shortest length (1 x L by default), the mean loss by position bucket (L's
-  quarters, then L+1..2L, 2L+1..4L, ... to N; each system at its longest evaluated length) and the seconds of
+  quarters, then L+1..2L, 2L+1..4L, ... to N; the joined curve of non-overlapping windows) and the seconds of
   the mode's fairseq-eval-lm runs;
 * ``lengths.json``: the same, per cell ``perplexity``, ``relative`` (with ``_sd`` and ``_seeds``) and
   ``position_buckets``; ``seconds`` per mode (``total``, ``runs``, ``by_length``), each run's in ``runs``;
@@ -385,10 +385,15 @@ def relative_table(report: dict, mode: str) -> List[str]:
 
 
 def positions_table(report: dict, mode: str) -> List[str]:
-    """Rows systems (each at its longest evaluated length), columns position buckets: the mean loss (base 2) of
-    the tokens at those positions of the window."""
+    """Non-overlapping windows: rows systems (each at its longest evaluated length), columns position buckets, the
+    mean loss (base 2) of the tokens at those positions of the window.  Sliding windows: a note instead (their
+    buckets before N - S + 1 would hold the split's first windows alone)."""
     from fairseq_pe.lm.positions import buckets
 
+    if mode == "sliding":  # a window's positions 1..N - S hold the split's first windows alone, one token each
+        return ["", f"Sliding windows score positions N − {report['stride'] - 1}..N of each window, with N − "
+                f"{report['stride']} tokens of context or more: their mean loss is log2 of the perplexity above; "
+                "the loss at each position is in positions.json, each N's scored positions in positions.png."]
     joined = mode == "nonoverlapping" and report.get("stitched") is not None
     longest = {s: max((n for n in report["lengths"] if "refused" not in cells[mode][str(n)]), default=0)
                for s, cells in report["results"].items()}
