@@ -250,6 +250,7 @@ def test_loss_by_position_is_the_models_per_token_loss(lm_data, alibi, tmp_path,
                               "--multipliers", "2", "--stride", "1", "--modes", "sliding",
                               "--checkpoint", f"alibi={alibi}")
     assert report["results"]["alibi"]["sliding"]["16"]["context_window"] == 15
+    assert "Perplexity relative" not in (tmp_path / "stride1" / "lengths.md").read_text()  # one length: all 1.000
     assert_same_curve(report, curves, "sliding", 16, alibi, lm_data)
 
 

@@ -370,8 +370,11 @@ def format_value(mean: Optional[float], sd: Optional[float], digits: int = 3) ->
 
 
 def relative_table(report: dict, mode: str) -> List[str]:
-    """Rows systems, columns lengths: the perplexity over the same seed's at the shortest length."""
+    """Rows systems, columns lengths: the perplexity over the same seed's at the shortest length (nothing for one
+    length)."""
     lengths = report["lengths"]
+    if len(lengths) == 1:
+        return []
     out = ["", f"Perplexity relative to the same checkpoint's at N = {lengths[0]} (mean ± sd over seeds of the "
            f"ratios; a system past {report['diverging']['ratio']}× is drawn in its own panel of lengths.png"
            + (f": {', '.join(report['diverging']['systems'][mode])}" if report["diverging"]["systems"][mode] else "")
