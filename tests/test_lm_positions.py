@@ -251,6 +251,10 @@ def test_loss_by_position_is_the_models_per_token_loss(lm_data, alibi, tmp_path,
                               "--checkpoint", f"alibi={alibi}")
     assert report["results"]["alibi"]["sliding"]["16"]["context_window"] == 15
     assert "Perplexity relative" not in (tmp_path / "stride1" / "lengths.md").read_text()  # one length: all 1.000
+    from matplotlib.image import imread
+
+    widths = [imread(tmp_path / out / "lengths.png").shape[1] for out in ("out", "stride1")]
+    assert widths[1] < widths[0] / 2  # and no relative panel beside the perplexities
     assert_same_curve(report, curves, "sliding", 16, alibi, lm_data)
 
 

@@ -99,7 +99,8 @@ def _relative(ax, report: dict, mode: str, systems: List[str], styles: dict, tit
 
 def plot_lengths(report: dict, path: str) -> None:
     """``lengths.png``: a row per mode; its panels: the perplexity (log y), the perplexity relative to the shortest
-    length of the systems within :data:`DIVERGING_RATIO`, and (where any) of the systems past it (linear y)."""
+    length of the systems within :data:`DIVERGING_RATIO`, and (where any) of the systems past it (linear y); the
+    first alone for one length."""
     from fairseq_pe.outputs import savefig
     from fairseq_pe.plotting import pyplot, system_styles
 
@@ -107,12 +108,15 @@ def plot_lengths(report: dict, path: str) -> None:
     modes = report["modes"]
     styles = system_styles(list(report["results"]))
     apart = {mode: diverging(report, mode) for mode in modes}
-    columns = 3 if any(apart.values()) else 2
+    single = len(report["lengths"]) == 1  # one length: the perplexities alone (every ratio is 1)
+    columns = 1 if single else 3 if any(apart.values()) else 2
     layout = _legend_layout(report)
     width = 5.0 * columns + (2.2 * layout["columns"] if layout["beside"] else 0)
     fig, axes = plt.subplots(len(modes), columns, figsize=(width, 3.9 * len(modes)), squeeze=False)
     for row, mode in zip(axes, modes):
         _absolute(row[0], report, mode, styles)
+        if single:
+            continue
         rest = [s for s in report["results"] if s not in apart[mode]]
         _relative(row[1], report, mode, rest, styles, "relative" + (f" (within {DIVERGING_RATIO}×)" if apart[mode]
                                                                    else ""))
