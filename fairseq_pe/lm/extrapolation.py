@@ -156,8 +156,9 @@ def parse_eval_lm(output: str) -> dict:
 
 def refusal(returncode: int, output: str, past_training_length: bool) -> Optional[str]:
     """The reason of a model's refusal by name of a window longer than it takes: a user error (exit status 2,
-    ``fairseq-eval-lm: error: ...``, no usage line of a bad option) that says so (:data:`_LENGTH_REFUSAL`: the
-    limit of ``transformer_lm_pe``, which names ``--tokens-per-sample``, at any N; a learned table's row, past L);
+    ``fairseq-eval-lm: error: ...``, no usage line of a bad option) that says so (:data:`_LIMIT_REFUSAL`: the
+    limit of ``transformer_lm_pe``, which names ``--tokens-per-sample``, at any N; :data:`_TABLE_REFUSAL`: a
+    learned table's row, past L);
     else None: any other error, past L too (a batch too small, a missing file), stops the run instead of standing
     in the table as the encoding's."""
     errors = _ERROR_LINE.findall(output)
@@ -585,21 +586,22 @@ def evaluate(args: argparse.Namespace) -> dict:
             stem = re.sub(r"[^\w.+-]", "_", name) + f"-{seed + 1}-T{T}-C{C}"
             log_path = os.path.join(out, "logs", stem + ".log")
             record_path, key = os.path.join(out, "runs", stem + ".json"), record_key(args, path, sha256, T, C, expected)
-            reused = None
+            reused = False
             if refused_at is not None and T >= refused_at[0]:
                 run = {"refused": f"not run: refused at N = {refused_at[0]} already ({refused_at[1]})",
                        "seconds": 0.0}
             else:
-                reused = read_record(record_path, key) if args.resume else None
-                run = reused if reused is not None else run_point(args, path, T, C, expected, log_path, where)
-                if reused is None:
+                run = read_record(record_path, key) if args.resume else None
+                reused = run is not None
+                if not reused:
+                    run = run_point(args, path, T, C, expected, log_path, where)
                     write_record(record_path, key, run)
                 if "refused" in run:
                     refused_at = (T, run["refused"])
             mine[(path, T, C)] = run
             result = (f"refused: {run['refused']}" if "refused" in run else
                       f"perplexity {run['perplexity']:.2f} over {run['tokens']:,} tokens")
-            took = (f"{run['seconds']:.1f} s" if reused is None else
+            took = (f"{run['seconds']:.1f} s" if not reused else
                     f"recorded in {os.path.relpath(record_path, out)}, {run['seconds']:.1f} s then")
             with lock:
                 log(f"[{next(done)}/{len(todo)}] {name} (checkpoint {seed + 1} of {len(checkpoints[name])}) N = {T}, "
