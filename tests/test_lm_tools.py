@@ -337,7 +337,10 @@ def test_an_interrupted_evaluation_resumes_from_its_run_records(tmp_path, monkey
     with pytest.raises(UserError, match="interrupted"):
         report("cut")
     done_before = list(calls)
-    assert not (tmp_path / "cut" / "lengths.json").exists() and len(os.listdir(tmp_path / "cut" / "runs")) == 6
+    # a record per finished run: alibi-1's 5 and alibi-2's first (ape-learned's first too when its thread took it
+    # before the error stopped the others)
+    assert not (tmp_path / "cut" / "lengths.json").exists() and 6 <= len(done_before) <= 7
+    assert len(os.listdir(tmp_path / "cut" / "runs")) == len(done_before)
     fail_at.clear()
     resumed = report("cut", "--resume")
     assert sorted(calls) == sorted(set(all_runs) - set(done_before))  # only what had not run
