@@ -15,8 +15,10 @@ FLOATER  ``floater*``                                                 oranges
 other    any other name                                               a qualitative palette
 ======== =========================================================== ==========
 
-Within a family the shades are spread over the colour map; markers are never reused within one plot
-up to :data:`MARKERS` systems (21), and beyond that a (marker, line style) pair is never reused.  matplotlib's
+Within a family the shades are spread over the colour map and the members take the line styles in turn
+(solid, dashed, dotted, dash-dot), so that five shades of red read apart in a plot of lines without markers
+(the loss-by-position plot).  Markers are never reused within one plot up to :data:`MARKERS` systems (21), and
+beyond that a (marker, line style) pair is never reused.  matplotlib's
 default cycle repeats its 10 colours from the 11th system, which gave ``none`` and ``floater`` one colour.
 """
 
@@ -76,10 +78,16 @@ def system_styles(names: Sequence[str]) -> Dict[str, dict]:
             lo, hi = SHADES
             for i, name in enumerate(group):
                 colours[name] = cmap(hi if len(group) == 1 else hi - (hi - lo) * i / (len(group) - 1))
-    styles = {}
+    rank = {name: i for group in members.values() for i, name in enumerate(group)}
+    styles, used = {}, set()
     for i, name in enumerate(names):
-        styles[name] = {"color": tuple(float(c) for c in colours[name]), "marker": MARKERS[i % len(MARKERS)],
-                        "linestyle": LINESTYLES[(i // len(MARKERS)) % len(LINESTYLES)]}
+        linestyle = LINESTYLES[rank[name] % len(LINESTYLES)]
+        k = i
+        while (MARKERS[k % len(MARKERS)], linestyle) in used and k < i + len(MARKERS) * len(LINESTYLES):
+            k += 1
+        marker = MARKERS[k % len(MARKERS)]
+        used.add((marker, linestyle))
+        styles[name] = {"color": tuple(float(c) for c in colours[name]), "marker": marker, "linestyle": linestyle}
     return styles
 
 

@@ -145,6 +145,28 @@ def test_a_diverging_system_gets_its_own_panel(tmp_path):
     assert "its own panel of lengths.png: floater)" in table and "| floater | 1.000 | 8.000 |" in table
 
 
+def test_an_explosion_puts_the_diverging_panel_on_a_log_axis(monkeypatch, tmp_path):
+    """FLOATER's 8x beside RoPE's 1.8x: the diverging panel turns log (base 2), so that RoPE's curve is not flattened
+    against 1; RoPE's 1.8x and the sinusoidal APE's 1.6x alone stay linear, as does the panel within 1.5x.  Catches a
+    diverging panel that is always linear (the issue's flattened curves) or always log."""
+    from fairseq_pe.plotting import pyplot
+
+    plt = pyplot()
+    scales = {}
+    real_close = plt.close
+
+    def keep(fig):
+        scales[len(scales)] = [(ax.get_title(), ax.get_yscale()) for ax in fig.axes]
+        real_close(fig)
+
+    monkeypatch.setattr(plt, "close", keep)
+    lengths_plot.plot_lengths(relative_report({"alibi": 1.1, "rope": 1.8, "floater": 8.0}), str(tmp_path / "a.png"))
+    lengths_plot.plot_lengths(relative_report({"alibi": 1.1, "rope": 1.8, "ape-sin": 1.6}), str(tmp_path / "b.png"))
+    (_, absolute), (_, within), (title, exploding) = scales[0]
+    assert (absolute, within, exploding) == ("log", "linear", "log") and title.endswith("log scale")
+    assert [scale for _, scale in scales[1]] == ["log", "linear", "linear"]
+
+
 @pytest.fixture(scope="module")
 def lm_data(tmp_path_factory):
     """Counting lines over 30 words, binarised for --task language_modeling: a test split of 65 tokens (a multiple

@@ -2,7 +2,6 @@
 none and floater one blue), and the plots use them."""
 
 import itertools
-import json
 
 import pytest
 
@@ -50,6 +49,20 @@ def test_a_family_shares_a_hue():
     assert all(c[2] > c[0] for c in blue) and all(c[0] > c[2] for c in red)
     assert styles["none"]["color"][:3] == (0.0, 0.0, 0.0)
     assert styles["none"]["color"] != styles["floater"]["color"]  # the issue's case
+
+
+def test_the_members_of_a_family_take_the_line_styles_in_turn():
+    """Five biases in shades of red, drawn as lines without markers (the loss-by-position plot), read apart by their
+    line styles: the first four differ, and no (marker, line style) pair repeats.  Catches a line style taken from
+    the system's place in the plot (every system solid up to 21), which left five reds hard to tell apart."""
+    names = ["none", "alibi", "ape-sinusoidal", "fire-dape", "fire", "floater-bias", "kerple-log", "rope", "t5"]
+    styles = system_styles(names)
+    reds = [styles[n]["linestyle"] for n in names if family(n) == "bias"]
+    assert len(reds) == 5 and len(set(reds[:4])) == 4
+    assert styles["none"]["linestyle"] == styles["rope"]["linestyle"] == "-"  # a family's first member is solid
+    many = system_styles([f"alibi-{i}" for i in range(30)])  # one family past len(MARKERS)
+    pairs = [(s["marker"], s["linestyle"]) for s in many.values()]
+    assert len(set(pairs)) == len(pairs)
 
 
 def test_the_bleu_plot_draws_each_system_in_its_style(tmp_path, monkeypatch):

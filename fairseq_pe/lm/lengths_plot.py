@@ -4,7 +4,9 @@ position in the window), one line per system in the colours of :mod:`fairseq_pe.
 
 The relative panels: a system whose mean ratio to its perplexity at the shortest length exceeds
 :data:`DIVERGING_RATIO` at some length (FLOATER's reaching 8x, say, where the others stay within 1.2x) is drawn in
-a panel of its own, "diverging", so that it does not flatten the others' curves; the rest share one panel.
+a panel of its own, "diverging", so that it does not flatten the others' curves; the rest share one panel.  The
+diverging panel's y axis turns logarithmic (base 2) once a ratio in it passes :data:`LOG_RATIO`, so that an
+explosion (FLOATER's 20x) does not flatten the systems that merely diverge (RoPE's 2x) beside it.
 """
 
 import math
@@ -14,6 +16,8 @@ from fairseq_pe.lm.positions import BINS_PER_OCTAVE, binned
 
 #: a system whose mean relative perplexity exceeds this at some length goes to the "diverging" panel
 DIVERGING_RATIO = 1.5
+#: a diverging panel whose largest ratio passes this is drawn on a log y axis
+LOG_RATIO = 4.0
 MODE_TITLES = {"nonoverlapping": "Non-overlapping windows", "sliding": "Sliding windows"}
 
 
@@ -81,26 +85,37 @@ def _absolute(ax, report: dict, mode: str, styles: dict) -> None:
     ax.set_ylabel(f"perplexity ({report['gen_subset']})")
 
 
-def _relative(ax, report: dict, mode: str, systems: List[str], styles: dict, title: str) -> None:
-    """Each system's perplexity over the same seed's at the shortest length: mean ± sd over seeds, linear y."""
+def _relative(ax, report: dict, mode: str, systems: List[str], styles: dict, title: str,
+              log_past: float = math.inf) -> None:
+    """Each system's perplexity over the same seed's at the shortest length: mean ± sd over seeds; linear y, or log
+    (base 2) where a ratio passes ``log_past``."""
+    from matplotlib.ticker import FormatStrFormatter
+
     lengths = report["lengths"]
+    top = 0.0
     for system in systems:
         cells = report["results"][system][mode]
         xs = [n for n in lengths if cells[str(n)].get("relative") is not None]
         if xs:
+            ys = [cells[str(n)]["relative"] for n in xs]
             sds = [cells[str(n)].get("relative_sd") or 0.0 for n in xs]
-            ax.errorbar(xs, [cells[str(n)]["relative"] for n in xs], yerr=sds if any(sds) else None, capsize=2,
+            top = max([top] + [y for y in ys if not math.isnan(y)])
+            ax.errorbar(xs, ys, yerr=sds if any(sds) else None, capsize=2,
                         markersize=5, label="_" + system, **styles[system])  # the legend: the absolute panel's
     _length_axis(ax, report)
     ax.axhline(1.0, color="0.6", linewidth=0.8)
+    if top > log_past:
+        ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        title += ", log scale"
     ax.set_title(title, fontsize=10)
     ax.set_ylabel(f"perplexity / perplexity at N = {lengths[0]}")
 
 
 def plot_lengths(report: dict, path: str) -> None:
     """``lengths.png``: a row per mode; its panels: the perplexity (log y), the perplexity relative to the shortest
-    length of the systems within :data:`DIVERGING_RATIO`, and (where any) of the systems past it (linear y); the
-    first alone for one length."""
+    length of the systems within :data:`DIVERGING_RATIO` (linear y), and (where any) of the systems past it (linear
+    y, log past :data:`LOG_RATIO`); the first alone for one length."""
     from fairseq_pe.outputs import savefig
     from fairseq_pe.plotting import pyplot, system_styles
 
@@ -121,7 +136,8 @@ def plot_lengths(report: dict, path: str) -> None:
         _relative(row[1], report, mode, rest, styles, "relative" + (f" (within {DIVERGING_RATIO}×)" if apart[mode]
                                                                    else ""))
         if columns == 3 and apart[mode]:
-            _relative(row[2], report, mode, apart[mode], styles, f"relative, diverging (past {DIVERGING_RATIO}×)")
+            _relative(row[2], report, mode, apart[mode], styles, f"relative, diverging (past {DIVERGING_RATIO}×)",
+                      log_past=LOG_RATIO)
         elif columns == 3:
             row[2].axis("off")
             row[2].text(0.5, 0.5, f"no system past {DIVERGING_RATIO}×", ha="center", va="center")
