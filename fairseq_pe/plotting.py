@@ -82,10 +82,9 @@ def system_styles(names: Sequence[str]) -> Dict[str, dict]:
     styles, used = {}, set()
     for i, name in enumerate(names):
         linestyle = LINESTYLES[rank[name] % len(LINESTYLES)]
-        k = i
-        while (MARKERS[k % len(MARKERS)], linestyle) in used and k < i + len(MARKERS) * len(LINESTYLES):
-            k += 1
-        marker = MARKERS[k % len(MARKERS)]
+        free = [MARKERS[(i + k) % len(MARKERS)] for k in range(len(MARKERS))
+                if (MARKERS[(i + k) % len(MARKERS)], linestyle) not in used]
+        marker = free[0] if free else MARKERS[i % len(MARKERS)]
         used.add((marker, linestyle))
         styles[name] = {"color": tuple(float(c) for c in colours[name]), "marker": marker, "linestyle": linestyle}
     return styles
