@@ -55,7 +55,7 @@ def test_the_members_of_a_family_take_the_line_styles_in_turn():
     """Five biases in shades of red, drawn as lines without markers (the loss-by-position plot), read apart by their
     line styles: the first four differ, and no (marker, line style) pair repeats.  Catches a line style taken from
     the system's place in the plot (every system solid up to 21), which left five reds hard to tell apart."""
-    names = ["none", "alibi", "ape-sinusoidal", "fire-dape", "fire", "floater-bias", "kerple-log", "rope", "t5"]
+    names = list(catalogue.group("lm-context"))  # the nine systems of issue 58's figures
     styles = system_styles(names)
     reds = [styles[n]["linestyle"] for n in names if family(n) == "bias"]
     assert len(reds) == 5 and len(set(reds[:4])) == 4
